@@ -1,0 +1,210 @@
+//! Configuration: YAML file → interpolated tree → raw serde structs →
+//! validated, typed [`Config`].
+//!
+//! Each stage reports problems with the field path that caused them
+//! (`upstreams[1].base_url: not a URL`), and validation collects every
+//! problem it finds instead of stopping at the first, so `tidegate check`
+//! shows the whole list at once.
+
+mod env;
+pub mod raw;
+mod validate;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+use indexmap::IndexMap;
+
+use crate::protocol::Protocol;
+
+pub use validate::parse_size;
+
+/// The commented config `tidegate serve` writes when none exists.
+pub const DEFAULT_CONFIG: &str = include_str!("default.yaml");
+
+/// Default `max_body`: big enough for long contexts with images.
+pub const DEFAULT_MAX_BODY: usize = 32 * 1024 * 1024;
+
+/// A validated configuration, ready to serve.
+#[derive(Debug)]
+pub struct Config {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Runtime worker threads (0 = one per CPU).
+    pub workers: usize,
+    /// Largest accepted request body in bytes.
+    pub max_body: usize,
+    /// Accepted client keys; empty disables client auth (loopback only).
+    pub client_keys: Vec<ClientKey>,
+    /// Upstreams, in config order; targets refer to them by index.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Model aliases in config order.
+    pub models: IndexMap<String, ModelRoute>,
+}
+
+/// A client key and the name that stands for it everywhere it is reported.
+#[derive(Debug)]
+pub struct ClientKey {
+    /// Reported name.
+    pub name: String,
+    /// The key; never printed.
+    pub key: Secret,
+}
+
+/// One upstream, typed.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// Unique name.
+    pub name: String,
+    /// Wire protocol it speaks.
+    pub protocol: Protocol,
+    /// Base URL (trailing `/` removed).
+    pub base_url: url::Url,
+    /// Provider key; may be empty.
+    pub api_key: Secret,
+    /// Static headers for every request.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// `Connection: close`, no pooling.
+    pub connection_close: bool,
+    /// `anthropic-version` used when the client sends none.
+    pub anthropic_version: HeaderValue,
+    /// TCP + TLS connect limit.
+    pub connect_timeout: Duration,
+    /// Request sent → response headers limit.
+    pub header_timeout: Duration,
+    /// Longest gap between body chunks.
+    pub stream_idle_timeout: Duration,
+}
+
+/// What a model alias routes to.
+#[derive(Debug)]
+pub struct ModelRoute {
+    /// Protocol of every target (validated to be the same).
+    pub protocol: Protocol,
+    /// Equivalent targets in failover order (never empty).
+    pub targets: Vec<Target>,
+}
+
+/// One routing target.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+    /// Model name to send upstream.
+    pub model: String,
+}
+
+/// A secret string: `Debug` and `Display` print `***`, so a stray `{:?}` in a
+/// log line cannot leak a key.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    /// The raw value, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    /// True when no secret was configured.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Why a config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// File path.
+        path: PathBuf,
+        /// Underlying IO error.
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML.
+    #[error("not valid YAML: {0}")]
+    Yaml(String),
+    /// The YAML is valid but its content is not; one line per problem.
+    #[error("{}", .0.join("\n"))]
+    Invalid(Vec<String>),
+}
+
+impl ConfigError {
+    /// Every problem as its own line (for `tidegate check`).
+    pub fn problems(&self) -> Vec<String> {
+        match self {
+            ConfigError::Invalid(p) => p.clone(),
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file, taking `${VAR}` from the process
+    /// environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, &|name| std::env::var(name).ok())
+    }
+
+    /// Parses and validates config text with an explicit variable lookup
+    /// (tests pass their own instead of mutating the process environment).
+    pub fn parse(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut tree: yaml_serde::Value =
+            yaml_serde::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+        if tree.is_null() {
+            tree = yaml_serde::Value::Mapping(Default::default());
+        }
+        let mut problems = Vec::new();
+        env::interpolate(&mut tree, "", lookup, &mut problems);
+        let raw: raw::RawConfig = match serde_path_to_error::deserialize(tree) {
+            Ok(raw) => raw,
+            Err(err) => {
+                let path = err.path().to_string();
+                let inner = err.into_inner().to_string();
+                problems.push(if path == "." { inner } else { format!("{path}: {inner}") });
+                return Err(ConfigError::Invalid(problems));
+            }
+        };
+        match validate::validate(raw, &mut problems) {
+            Some(config) if problems.is_empty() => Ok(config),
+            _ => Err(ConfigError::Invalid(problems)),
+        }
+    }
+
+    /// Looks up a model alias served on `protocol`'s endpoint.
+    pub fn route(&self, model: &str) -> Option<&ModelRoute> {
+        self.models.get(model)
+    }
+
+    /// Aliases served on one protocol's endpoint, for error messages and
+    /// `/v1/models`.
+    pub fn aliases(&self, protocol: Protocol) -> impl Iterator<Item = &str> {
+        self.models
+            .iter()
+            .filter(move |(_, r)| r.protocol == protocol)
+            .map(|(name, _)| name.as_str())
+    }
+}

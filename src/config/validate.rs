@@ -1,0 +1,244 @@
+//! Raw config → typed config, collecting every problem with its field path.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+use indexmap::IndexMap;
+
+use super::raw::{RawConfig, RawSize, RawUpstream};
+use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Target, UpstreamConfig};
+use crate::protocol::Protocol;
+
+const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Non-stream answers arrive only after the whole generation: be generous.
+const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(600);
+/// Anthropic pings every ~15 s; a minute of silence means a dead stream.
+const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Validates `raw`, pushing `path: problem` lines. Returns a config only
+/// when the structure was complete enough to build one; the caller still
+/// rejects it if any problem was pushed.
+pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
+    let listen = match raw.listen.parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            problems.push(format!("listen: {:?} is not an address like 127.0.0.1:8787", raw.listen));
+            None
+        }
+    };
+    let max_body = match &raw.max_body {
+        None => DEFAULT_MAX_BODY,
+        Some(RawSize::Bytes(n)) => usize::try_from(*n).unwrap_or(usize::MAX),
+        Some(RawSize::Text(t)) => parse_size(t).unwrap_or_else(|| {
+            problems.push(format!("max_body: {t:?} is not a size like 32MiB"));
+            DEFAULT_MAX_BODY
+        }),
+    };
+
+    let client_keys = client_keys(&raw, problems);
+    if let Some(addr) = listen {
+        if client_keys.is_empty() && !addr.ip().is_loopback() {
+            problems.push(format!(
+                "client_keys: none configured while listen {addr} is not a loopback address; \
+                 add client_keys or listen on 127.0.0.1"
+            ));
+        }
+    }
+
+    if raw.upstreams.is_empty() {
+        problems.push("upstreams: at least one upstream is required".into());
+    }
+    let mut upstreams = Vec::with_capacity(raw.upstreams.len());
+    let mut names = HashSet::new();
+    for (i, u) in raw.upstreams.iter().enumerate() {
+        if !names.insert(u.name.as_str()) {
+            problems.push(format!("upstreams[{i}].name: {:?} is used twice", u.name));
+        }
+        if let Some(up) = upstream(i, u, problems) {
+            upstreams.push(up);
+        }
+    }
+
+    let models = models(&raw, &upstreams, problems);
+    let listen = listen?;
+    if upstreams.len() != raw.upstreams.len() {
+        return None;
+    }
+    Some(Config {
+        listen,
+        workers: raw.workers,
+        max_body,
+        client_keys,
+        upstreams,
+        models,
+    })
+}
+
+fn client_keys(raw: &RawConfig, problems: &mut Vec<String>) -> Vec<ClientKey> {
+    let mut seen = HashSet::new();
+    let mut keys = Vec::new();
+    for (i, k) in raw.client_keys.iter().enumerate() {
+        if k.name.trim().is_empty() {
+            problems.push(format!("client_keys[{i}].name: must not be empty"));
+        }
+        if k.key.is_empty() {
+            problems.push(format!("client_keys[{i}].key: must not be empty"));
+        } else if !seen.insert(k.key.as_str()) {
+            problems.push(format!("client_keys[{i}].key: the same key is listed twice"));
+        }
+        keys.push(ClientKey {
+            name: k.name.clone(),
+            key: Secret::new(k.key.clone()),
+        });
+    }
+    keys
+}
+
+fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<UpstreamConfig> {
+    let at = |field: &str| format!("upstreams[{i}].{field}");
+    let mut ok = true;
+    if u.name.trim().is_empty() {
+        problems.push(format!("{}: must not be empty", at("name")));
+        ok = false;
+    }
+    let protocol = match u.protocol.as_str() {
+        "openai" => Some(Protocol::OpenAi),
+        "anthropic" => Some(Protocol::Anthropic),
+        other => {
+            problems.push(format!("{}: {other:?} is not one of openai, anthropic", at("protocol")));
+            None
+        }
+    };
+    let base_url = match url::Url::parse(&u.base_url) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
+            Some(trim_slash(url))
+        }
+        _ => {
+            problems.push(format!("{}: {:?} is not a URL (http:// or https://)", at("base_url"), u.base_url));
+            None
+        }
+    };
+    let mut headers = Vec::new();
+    for (name, value) in &u.headers {
+        match (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str())) {
+            (Ok(n), Ok(mut v)) => {
+                v.set_sensitive(true);
+                headers.push((n, v));
+            }
+            _ => {
+                problems.push(format!("{}: {name:?} is not a valid header name and value", at("headers")));
+                ok = false;
+            }
+        }
+    }
+    let version = u.anthropic_version.as_deref().unwrap_or(DEFAULT_ANTHROPIC_VERSION);
+    let anthropic_version = HeaderValue::try_from(version).ok().or_else(|| {
+        problems.push(format!("{}: not a valid header value", at("anthropic_version")));
+        None
+    });
+    let mut duration = |field: &str, value: &Option<String>, default: Duration| match value {
+        None => default,
+        Some(text) => match humantime::parse_duration(text) {
+            Ok(d) if !d.is_zero() => d,
+            _ => {
+                problems.push(format!("{}: {text:?} is not a duration like 10s or 500ms", at(field)));
+                ok = false;
+                default
+            }
+        },
+    };
+    let connect_timeout = duration("connect_timeout", &u.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+    let header_timeout = duration("header_timeout", &u.header_timeout, DEFAULT_HEADER_TIMEOUT);
+    let stream_idle_timeout =
+        duration("stream_idle_timeout", &u.stream_idle_timeout, DEFAULT_STREAM_IDLE_TIMEOUT);
+    if !ok {
+        return None;
+    }
+    Some(UpstreamConfig {
+        name: u.name.clone(),
+        protocol: protocol?,
+        base_url: base_url?,
+        api_key: Secret::new(u.api_key.clone()),
+        headers,
+        connection_close: u.connection_close,
+        anthropic_version: anthropic_version?,
+        connect_timeout,
+        header_timeout,
+        stream_idle_timeout,
+    })
+}
+
+fn trim_slash(mut url: url::Url) -> url::Url {
+    let path = url.path().trim_end_matches('/').to_string();
+    url.set_path(&path);
+    url
+}
+
+fn models(raw: &RawConfig, upstreams: &[UpstreamConfig], problems: &mut Vec<String>) -> IndexMap<String, ModelRoute> {
+    if raw.models.is_empty() {
+        problems.push("models: at least one model alias is required".into());
+    }
+    let known = || {
+        raw.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>().join(", ")
+    };
+    let mut out = IndexMap::new();
+    for (alias, model) in &raw.models {
+        if model.targets.is_empty() {
+            problems.push(format!("models.{alias}.targets: at least one target is required"));
+            continue;
+        }
+        let mut targets = Vec::new();
+        let mut protocol: Option<Protocol> = None;
+        for (j, t) in model.targets.iter().enumerate() {
+            let Some(idx) = upstreams.iter().position(|u| u.name == t.upstream) else {
+                problems.push(format!(
+                    "models.{alias}.targets[{j}].upstream: unknown upstream {:?} (known: {})",
+                    t.upstream,
+                    known()
+                ));
+                continue;
+            };
+            let p = upstreams[idx].protocol;
+            match protocol {
+                None => protocol = Some(p),
+                Some(first) if first != p => problems.push(format!(
+                    "models.{alias}.targets[{j}]: upstream {:?} speaks {p}, but targets[0] speaks {first}; \
+                     an alias is served on one endpoint, so its targets must share a protocol",
+                    t.upstream
+                )),
+                Some(_) => {}
+            }
+            let name = t.model.clone().unwrap_or_else(|| alias.clone());
+            if name.is_empty() {
+                problems.push(format!("models.{alias}.targets[{j}].model: must not be empty"));
+            }
+            targets.push(Target { upstream: idx, model: name });
+        }
+        if let Some(protocol) = protocol {
+            out.insert(alias.clone(), ModelRoute { protocol, targets });
+        }
+    }
+    out
+}
+
+/// Parses `32MiB`, `512KiB`, `1GiB`, `10MB`, `2048` into bytes.
+pub fn parse_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num.parse().ok()?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}

@@ -1,0 +1,84 @@
+//! Errors tidegate answers by itself, each mapped to a status and a
+//! protocol-shaped body in one `match`.
+//!
+//! Upstream errors are not here: they are relayed verbatim. These are the
+//! cases where tidegate is the one saying no (bad input, bad key, nothing to
+//! route to) or where it could not get any answer from an upstream.
+
+use axum::body::Body;
+use axum::response::Response;
+use http::{HeaderValue, StatusCode, header};
+
+use crate::protocol::{self, ErrorKind, Protocol};
+
+/// A failure answered by tidegate itself.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// Body not JSON / missing model / model not a string.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Missing or unknown client key.
+    #[error("missing or invalid API key for this gateway (send Authorization: Bearer <key> or x-api-key)")]
+    Unauthorized,
+    /// The alias is not configured for this endpoint.
+    #[error("{0}")]
+    UnknownModel(String),
+    /// Body larger than `max_body`.
+    #[error("request body is larger than this gateway's limit of {limit} bytes")]
+    TooLarge {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// Endpoint that tidegate does not serve.
+    #[error("no such endpoint: {0}")]
+    NoRoute(String),
+    /// Could not connect or the connection failed before an answer.
+    #[error("upstream {upstream} is unreachable: {detail}")]
+    Unreachable {
+        /// Upstream name.
+        upstream: String,
+        /// What went wrong (no secrets: transport errors only).
+        detail: String,
+    },
+    /// No response headers within `header_timeout`.
+    #[error("upstream {upstream} sent no response within {timeout:?}")]
+    UpstreamTimeout {
+        /// Upstream name.
+        upstream: String,
+        /// The limit that was spent.
+        timeout: std::time::Duration,
+    },
+}
+
+impl GatewayError {
+    /// Status and protocol error kind; the single place that decides both.
+    fn status_kind(&self) -> (StatusCode, ErrorKind, Option<&'static str>) {
+        match self {
+            GatewayError::BadRequest(_) => (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None),
+            GatewayError::Unauthorized => {
+                (StatusCode::UNAUTHORIZED, ErrorKind::Authentication, Some("invalid_api_key"))
+            }
+            GatewayError::UnknownModel(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, Some("model_not_found")),
+            GatewayError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, ErrorKind::TooLarge, None),
+            GatewayError::NoRoute(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, None),
+            GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, ErrorKind::Api, None),
+            GatewayError::UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, ErrorKind::Timeout, None),
+        }
+    }
+
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.status_kind().0
+    }
+
+    /// Renders the error in the client's protocol.
+    pub fn into_response(self, protocol: Protocol) -> Response {
+        let (status, kind, code) = self.status_kind();
+        let body = protocol::error_body(protocol, kind, &format!("tidegate: {self}"), code);
+        let mut resp = Response::new(Body::from(body));
+        *resp.status_mut() = status;
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        resp
+    }
+}

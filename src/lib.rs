@@ -1,0 +1,27 @@
+//! tidegate: an LLM gateway that makes provider capacity errors invisible
+//! and real errors immediate.
+//!
+//! A request's path through the code, one module per box:
+//!
+//! ```text
+//! client ──► server    auth (constant time), size limit, keep raw bytes
+//!        ──► protocol  read `model` + `stream` only; splice a renamed model
+//!        ──► config    alias → ordered equivalent targets (ModelRoute)
+//!        ──► relay     the attempt loop: pick target, send, decide
+//!        ──► upstream  per-provider client: auth, headers, pooling, timeouts
+//!        ──► stream    body relayed chunk by chunk, idle timeout, owns the
+//!                      upstream connection until the last byte
+//!        ──► error     what tidegate answers itself, in the client's shape
+//! ```
+//!
+//! `simulate` is a fault-injecting upstream shared by the tests, the
+//! benchmark and `tidegate simulate`.
+
+pub mod config;
+pub mod error;
+pub mod protocol;
+pub mod relay;
+pub mod server;
+pub mod simulate;
+pub mod stream;
+pub mod upstream;

@@ -1,0 +1,174 @@
+//! The `tidegate` command line: `serve`, `check`, `simulate`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tidegate::config::{Config, DEFAULT_CONFIG};
+use tidegate::simulate::{SimConfig, Simulator};
+
+#[derive(Parser)]
+#[command(name = "tidegate", version, about = "LLM gateway that absorbs provider capacity errors")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (writes a commented default config if none exists).
+    Serve {
+        /// Config file.
+        #[arg(long, short, default_value = "tidegate.yaml")]
+        config: PathBuf,
+        /// Runtime worker threads, overriding the config (0 = one per CPU).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
+    /// Validate a config file; prints each problem with its field path.
+    Check {
+        /// Config file.
+        #[arg(long, short, default_value = "tidegate.yaml")]
+        config: PathBuf,
+    },
+    /// Run the upstream simulator (OpenAI at /v1, Anthropic at /).
+    Simulate {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: SocketAddr,
+        /// Simulator config (YAML: default/models behaviours).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Runtime worker threads (0 = one per CPU).
+        #[arg(long, default_value_t = 0)]
+        workers: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve { config, workers } => serve(&config, workers),
+        Command::Check { config } => return check(&config),
+        Command::Simulate { listen, config, workers } => simulate(listen, config.as_deref(), workers),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("tidegate: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: &Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            println!(
+                "{}: ok ({} upstreams, {} models, listening on {})",
+                path.display(),
+                config.upstreams.len(),
+                config.models.len(),
+                config.listen
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            for problem in err.problems() {
+                eprintln!("{}: {problem}", path.display());
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        builder.worker_threads(workers);
+    }
+    builder.enable_all().build().context("cannot start the async runtime")
+}
+
+fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).init();
+    guard
+}
+
+fn serve(path: &Path, workers: Option<usize>) -> anyhow::Result<()> {
+    let _guard = init_logging();
+    if !path.exists() {
+        std::fs::write(path, DEFAULT_CONFIG)
+            .with_context(|| format!("cannot write a default config to {}", path.display()))?;
+        tracing::info!(path = %path.display(), "no config found: wrote a commented default config; edit it to add your upstreams");
+    }
+    let config = Config::load(path).map_err(|err| {
+        anyhow::anyhow!("{} is not valid (run `tidegate check --config {}`):\n{err}", path.display(), path.display())
+    })?;
+    for u in &config.upstreams {
+        if u.api_key.is_empty() {
+            tracing::warn!(upstream = %u.name, "upstream has no api_key; the provider will reject requests");
+        }
+    }
+    if config.client_keys.is_empty() {
+        tracing::warn!("no client_keys configured: any local client may use this gateway");
+    }
+    let rt = runtime(workers.unwrap_or(config.workers))?;
+    rt.block_on(async {
+        let running = tidegate::server::start(config).await?;
+        tracing::info!(addr = %running.addr, "tidegate listening");
+        tokio::select! {
+            _ = running.wait() => {}
+            _ = shutdown_signal() => tracing::info!("shutting down"),
+        }
+        Ok(())
+    })
+}
+
+fn simulate(listen: SocketAddr, config: Option<&Path>, workers: usize) -> anyhow::Result<()> {
+    let _guard = init_logging();
+    let sim_config = match config {
+        None => SimConfig::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            yaml_serde::from_str(&text).with_context(|| format!("{} is not a valid simulator config", path.display()))?
+        }
+    };
+    let rt = runtime(workers)?;
+    rt.block_on(async {
+        let sim = Simulator::start(listen, sim_config).with_context(|| format!("cannot listen on {listen}"))?;
+        tracing::info!(openai = %sim.openai_url(), anthropic = %sim.anthropic_url(), "simulator listening");
+        tokio::select! {
+            _ = sim.wait() => {}
+            _ = shutdown_signal() => {}
+        }
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

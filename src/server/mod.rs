@@ -1,0 +1,96 @@
+//! The client-facing HTTP server: listener, routes, thin handlers.
+//!
+//! Handlers only authenticate, read the body, find the route and hand over
+//! to [`crate::relay`]; everything they answer by themselves goes through
+//! [`crate::error::GatewayError`].
+
+mod auth;
+mod handlers;
+pub mod listen;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{get, post};
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::upstream::{BuildError, Upstream};
+
+/// Everything a request needs, shared by all connections.
+pub struct Gateway {
+    /// The validated config.
+    pub config: Config,
+    /// One client per upstream, same order as `config.upstreams`.
+    pub upstreams: Vec<Upstream>,
+}
+
+impl Gateway {
+    /// Builds upstream clients for a config.
+    pub fn new(config: Config) -> Result<Self, BuildError> {
+        let upstreams = config
+            .upstreams
+            .iter()
+            .map(|u| Upstream::new(u.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { config, upstreams })
+    }
+}
+
+/// The route table.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route("/v1/messages", post(handlers::messages))
+        .route("/v1/models", get(handlers::models))
+        .route("/healthz", get(handlers::healthz))
+        .fallback(handlers::fallback)
+        .with_state(gateway)
+}
+
+/// A running gateway; dropping it stops accepting connections.
+pub struct Running {
+    /// The bound address (useful with port 0).
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Waits until the accept loop ends (it only ends on error).
+    pub async fn wait(mut self) {
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// An upstream client could not be built.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address tried.
+        addr: SocketAddr,
+        /// OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Binds `config.listen` and serves until dropped.
+pub async fn start(config: Config) -> Result<Running, StartError> {
+    let addr = config.listen;
+    let gateway = Arc::new(Gateway::new(config)?);
+    let listener = listen::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+    let task = tokio::spawn(listen::serve(listener, router(gateway)));
+    Ok(Running { addr, task })
+}

@@ -1,0 +1,338 @@
+//! A fake upstream provider speaking both protocols, JSON and SSE.
+//!
+//! One copy serves the test suite, `tidegate simulate` and the benchmark:
+//! tests check what tidegate sent (`received`) and what the upstream saw of
+//! the connection (`cancelled`, `max_in_flight`), users point their own
+//! clients at it. Behaviour is data ([`Behavior`]) chosen by the model name
+//! the request carries, so a scenario is a table, not code.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use axum::routing::post;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode, header};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+use serde::Deserialize;
+use tokio::task::JoinHandle;
+use tokio::time::Sleep;
+
+use crate::protocol::{self, Protocol};
+use crate::server::listen;
+
+/// How the simulator answers one model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Behavior {
+    /// Wait before the response headers.
+    pub latency_ms: u64,
+    /// Content chunks in a stream (and words in a JSON answer).
+    pub chunks: usize,
+    /// Wait between stream chunks.
+    pub chunk_delay_ms: u64,
+    /// Answer with this status and `error_body` instead of a completion.
+    pub status: Option<u16>,
+    /// Body sent with `status`.
+    pub error_body: String,
+    /// Content type sent with `status`.
+    pub error_content_type: String,
+}
+
+impl Default for Behavior {
+    fn default() -> Self {
+        Self {
+            latency_ms: 0,
+            chunks: 5,
+            chunk_delay_ms: 0,
+            status: None,
+            error_body: String::new(),
+            error_content_type: "application/json".into(),
+        }
+    }
+}
+
+/// The whole simulator setup.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// Behaviour for models not listed in `models`.
+    pub default: Behavior,
+    /// Behaviour per model name.
+    pub models: HashMap<String, Behavior>,
+    /// Keep every received request (tests); off for benchmarks.
+    pub record: bool,
+}
+
+/// One request as the simulator received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// Request path.
+    pub path: String,
+    /// Request headers.
+    pub headers: HeaderMap,
+    /// Exact body bytes.
+    pub body: Bytes,
+}
+
+/// Counters and recordings, readable while the simulator runs.
+#[derive(Default)]
+pub struct SimState {
+    config: SimConfig,
+    received: Mutex<Vec<Received>>,
+    /// Requests being answered right now.
+    pub in_flight: AtomicUsize,
+    /// Highest `in_flight` seen.
+    pub max_in_flight: AtomicUsize,
+    /// Answers sent to the end.
+    pub completed: AtomicUsize,
+    /// Requests whose connection closed before the answer was complete.
+    pub cancelled: AtomicUsize,
+}
+
+impl SimState {
+    /// Requests received so far (only with `record: true`).
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+/// A running simulator; dropping it stops accepting connections.
+pub struct Simulator {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its counters.
+    pub state: Arc<SimState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Simulator {
+    /// Starts on `addr` (port 0 picks a free one).
+    pub fn start(addr: SocketAddr, config: SimConfig) -> std::io::Result<Simulator> {
+        let listener = listen::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(SimState { config, ..Default::default() });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(openai))
+            .route("/v1/messages", post(anthropic))
+            .with_state(state.clone());
+        let task = tokio::spawn(listen::serve(listener, app));
+        Ok(Simulator { addr, state, task })
+    }
+
+    /// Base URL for an OpenAI upstream pointing here.
+    pub fn openai_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Base URL for an Anthropic upstream pointing here.
+    pub fn anthropic_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Runs until the accept loop ends.
+    pub async fn wait(mut self) {
+        let _ = (&mut self.task).await;
+    }
+}
+
+async fn openai(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    answer(state, Protocol::OpenAi, req).await
+}
+
+async fn anthropic(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    answer(state, Protocol::Anthropic, req).await
+}
+
+/// Counts a request in flight; if dropped before `finish`, the client
+/// (tidegate) went away mid-answer.
+struct Flight {
+    state: Arc<SimState>,
+    done: bool,
+}
+
+impl Flight {
+    fn new(state: Arc<SimState>) -> Self {
+        let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        Self { state, done: false }
+    }
+    fn finish(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let counter = if self.done { &self.state.completed } else { &self.state.cancelled };
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Response {
+    let flight = Flight::new(state.clone());
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    if state.config.record {
+        if let Ok(mut r) = state.received.lock() {
+            r.push(Received { path: parts.uri.path().to_owned(), headers: parts.headers, body: body.clone() });
+        }
+    }
+    let Ok(head) = protocol::peek(&body) else {
+        flight.finish();
+        return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(r#"{"error":{"message":"bad json"}}"#));
+    };
+    let behavior = state.config.models.get(&head.model).unwrap_or(&state.config.default).clone();
+    if behavior.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(behavior.latency_ms)).await;
+    }
+    if let Some(status) = behavior.status {
+        flight.finish();
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return respond(status, &behavior.error_content_type, Body::from(behavior.error_body.clone()));
+    }
+    if head.stream {
+        let frames = sse_frames(protocol, &head.model, behavior.chunks);
+        let body = SseBody {
+            frames: frames.into_iter(),
+            delay: Duration::from_millis(behavior.chunk_delay_ms),
+            sleep: None,
+            flight: Some(flight),
+        };
+        return respond(StatusCode::OK, "text/event-stream", Body::new(body));
+    }
+    flight.finish();
+    respond(StatusCode::OK, "application/json", Body::from(json_answer(protocol, &head.model, behavior.chunks)))
+}
+
+fn respond(status: StatusCode, content_type: &str, body: Body) -> Response {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+fn words(n: usize) -> String {
+    (0..n).map(|i| format!("tok{i} ")).collect()
+}
+
+fn json_answer(protocol: Protocol, model: &str, chunks: usize) -> String {
+    let text = words(chunks);
+    let v = match protocol {
+        Protocol::OpenAi => serde_json::json!({
+            "id": "chatcmpl-sim", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": chunks, "total_tokens": 10 + chunks}
+        }),
+        Protocol::Anthropic => serde_json::json!({
+            "id": "msg_sim", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 10, "output_tokens": chunks}
+        }),
+    };
+    v.to_string()
+}
+
+/// The SSE events of a complete answer, one `Bytes` per event.
+pub fn sse_frames(protocol: Protocol, model: &str, chunks: usize) -> Vec<Bytes> {
+    let mut out = Vec::with_capacity(chunks + 6);
+    match protocol {
+        Protocol::OpenAi => {
+            let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+                let v = serde_json::json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": 0,
+                    "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+                Bytes::from(format!("data: {v}\n\n"))
+            };
+            out.push(chunk(serde_json::json!({"role": "assistant", "content": ""}), None));
+            for i in 0..chunks {
+                out.push(chunk(serde_json::json!({"content": format!("tok{i} ")}), None));
+            }
+            out.push(chunk(serde_json::json!({}), Some("stop")));
+            out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        }
+        Protocol::Anthropic => {
+            let event = |name: &str, v: serde_json::Value| Bytes::from(format!("event: {name}\ndata: {v}\n\n"));
+            out.push(event("message_start", serde_json::json!({"type": "message_start", "message": {
+                "id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})));
+            out.push(event("content_block_start", serde_json::json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}})));
+            out.push(event("ping", serde_json::json!({"type": "ping"})));
+            for i in 0..chunks {
+                out.push(event("content_block_delta", serde_json::json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": format!("tok{i} ")}})));
+            }
+            out.push(event("content_block_stop", serde_json::json!({"type": "content_block_stop", "index": 0})));
+            out.push(event("message_delta", serde_json::json!({"type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": chunks}})));
+            out.push(event("message_stop", serde_json::json!({"type": "message_stop"})));
+        }
+    }
+    out
+}
+
+/// An SSE body that sends its frames with a delay between them and counts
+/// the request cancelled if dropped before the last one.
+struct SseBody {
+    frames: std::vec::IntoIter<Bytes>,
+    delay: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+    flight: Option<Flight>,
+}
+
+impl http_body::Body for SseBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if let Some(sleep) = this.sleep.as_mut() {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.sleep = None;
+        }
+        match this.frames.next() {
+            Some(frame) => {
+                if !this.delay.is_zero() && this.frames.len() > 0 {
+                    this.sleep = Some(Box::pin(tokio::time::sleep(this.delay)));
+                }
+                Poll::Ready(Some(Ok(Frame::data(frame))))
+            }
+            None => {
+                if let Some(f) = this.flight.take() {
+                    f.finish();
+                }
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        false
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
