@@ -18,7 +18,9 @@ pub enum GatewayError {
     #[error("{0}")]
     BadRequest(String),
     /// Missing or unknown client key.
-    #[error("missing or invalid API key for this gateway (send Authorization: Bearer <key> or x-api-key)")]
+    #[error(
+        "missing or invalid API key for this gateway (send Authorization: Bearer <key> or x-api-key)"
+    )]
     Unauthorized,
     /// The alias is not configured for this endpoint.
     #[error("{0}")]
@@ -54,15 +56,27 @@ impl GatewayError {
     /// Status and protocol error kind; the single place that decides both.
     fn status_kind(&self) -> (StatusCode, ErrorKind, Option<&'static str>) {
         match self {
-            GatewayError::BadRequest(_) => (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None),
-            GatewayError::Unauthorized => {
-                (StatusCode::UNAUTHORIZED, ErrorKind::Authentication, Some("invalid_api_key"))
+            GatewayError::BadRequest(_) => {
+                (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None)
             }
-            GatewayError::UnknownModel(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, Some("model_not_found")),
-            GatewayError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, ErrorKind::TooLarge, None),
+            GatewayError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                ErrorKind::Authentication,
+                Some("invalid_api_key"),
+            ),
+            GatewayError::UnknownModel(_) => (
+                StatusCode::NOT_FOUND,
+                ErrorKind::NotFound,
+                Some("model_not_found"),
+            ),
+            GatewayError::TooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, ErrorKind::TooLarge, None)
+            }
             GatewayError::NoRoute(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, None),
             GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, ErrorKind::Api, None),
-            GatewayError::UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, ErrorKind::Timeout, None),
+            GatewayError::UpstreamTimeout { .. } => {
+                (StatusCode::GATEWAY_TIMEOUT, ErrorKind::Timeout, None)
+            }
         }
     }
 
@@ -77,8 +91,10 @@ impl GatewayError {
         let body = protocol::error_body(protocol, kind, &format!("tidegate: {self}"), code);
         let mut resp = Response::new(Body::from(body));
         *resp.status_mut() = status;
-        resp.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         resp
     }
 }

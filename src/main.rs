@@ -10,7 +10,11 @@ use tidegate::config::{Config, DEFAULT_CONFIG};
 use tidegate::simulate::{SimConfig, Simulator};
 
 #[derive(Parser)]
-#[command(name = "tidegate", version, about = "LLM gateway that absorbs provider capacity errors")]
+#[command(
+    name = "tidegate",
+    version,
+    about = "LLM gateway that absorbs provider capacity errors"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -26,6 +30,9 @@ enum Command {
         /// Runtime worker threads, overriding the config (0 = one per CPU).
         #[arg(long)]
         workers: Option<usize>,
+        /// Listen address, overriding the config.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
     },
     /// Validate a config file; prints each problem with its field path.
     Check {
@@ -50,9 +57,17 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve { config, workers } => serve(&config, workers),
+        Command::Serve {
+            config,
+            workers,
+            listen,
+        } => serve(&config, workers, listen),
         Command::Check { config } => return check(&config),
-        Command::Simulate { listen, config, workers } => simulate(listen, config.as_deref(), workers),
+        Command::Simulate {
+            listen,
+            config,
+            workers,
+        } => simulate(listen, config.as_deref(), workers),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -89,27 +104,46 @@ fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     if workers > 0 {
         builder.worker_threads(workers);
     }
-    builder.enable_all().build().context("cannot start the async runtime")
+    builder
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
 }
 
 fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
     let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .init();
     guard
 }
 
-fn serve(path: &Path, workers: Option<usize>) -> anyhow::Result<()> {
+fn serve(path: &Path, workers: Option<usize>, listen: Option<SocketAddr>) -> anyhow::Result<()> {
     let _guard = init_logging();
     if !path.exists() {
         std::fs::write(path, DEFAULT_CONFIG)
             .with_context(|| format!("cannot write a default config to {}", path.display()))?;
         tracing::info!(path = %path.display(), "no config found: wrote a commented default config; edit it to add your upstreams");
     }
-    let config = Config::load(path).map_err(|err| {
-        anyhow::anyhow!("{} is not valid (run `tidegate check --config {}`):\n{err}", path.display(), path.display())
+    let mut config = Config::load(path).map_err(|err| {
+        anyhow::anyhow!(
+            "{} is not valid (run `tidegate check --config {}`):\n{err}",
+            path.display(),
+            path.display()
+        )
     })?;
+    if let Some(listen) = listen {
+        if config.client_keys.is_empty() && !listen.ip().is_loopback() {
+            anyhow::bail!(
+                "refusing to listen on {listen} without client_keys: add client_keys to {}",
+                path.display()
+            );
+        }
+        config.listen = listen;
+    }
     for u in &config.upstreams {
         if u.api_key.is_empty() {
             tracing::warn!(upstream = %u.name, "upstream has no api_key; the provider will reject requests");
@@ -135,8 +169,10 @@ fn simulate(listen: SocketAddr, config: Option<&Path>, workers: usize) -> anyhow
     let sim_config = match config {
         None => SimConfig::default(),
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-            yaml_serde::from_str(&text).with_context(|| format!("{} is not a valid simulator config", path.display()))?
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            yaml_serde::from_str(&text)
+                .with_context(|| format!("{} is not a valid simulator config", path.display()))?
         }
     };
     let rt = runtime(workers)?;
@@ -155,13 +191,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

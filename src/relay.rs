@@ -58,7 +58,10 @@ pub async fn relay(
         error: GatewayError::UnknownModel("target refers to a missing upstream".into()),
         upstream: None,
     })?;
-    let req = upstream.request(protocol::body_for_target(body, head, &target.model), client_headers);
+    let req = upstream.request(
+        protocol::body_for_target(body, head, &target.model),
+        client_headers,
+    );
     match upstream.send(req).await {
         Ok(resp) => Ok(Relayed {
             response: to_client(resp, upstream),
@@ -67,8 +70,14 @@ pub async fn relay(
         Err(err) => {
             let name = upstream.config.name.clone();
             let error = match err {
-                SendError::Transport(detail) => GatewayError::Unreachable { upstream: name, detail },
-                SendError::Timeout(timeout) => GatewayError::UpstreamTimeout { upstream: name, timeout },
+                SendError::Transport(detail) => GatewayError::Unreachable {
+                    upstream: name,
+                    detail,
+                },
+                SendError::Timeout(timeout) => GatewayError::UpstreamTimeout {
+                    upstream: name,
+                    timeout,
+                },
             };
             Err(RelayFailure {
                 error,

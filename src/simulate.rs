@@ -127,7 +127,10 @@ impl Simulator {
     pub fn start(addr: SocketAddr, config: SimConfig) -> std::io::Result<Simulator> {
         let listener = listen::bind(addr)?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(SimState { config, ..Default::default() });
+        let state = Arc::new(SimState {
+            config,
+            ..Default::default()
+        });
         let app = Router::new()
             .route("/v1/chat/completions", post(openai))
             .route("/v1/messages", post(anthropic))
@@ -181,7 +184,11 @@ impl Flight {
 impl Drop for Flight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
-        let counter = if self.done { &self.state.completed } else { &self.state.cancelled };
+        let counter = if self.done {
+            &self.state.completed
+        } else {
+            &self.state.cancelled
+        };
         counter.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -189,24 +196,45 @@ impl Drop for Flight {
 async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Response {
     let flight = Flight::new(state.clone());
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
     if state.config.record {
         if let Ok(mut r) = state.received.lock() {
-            r.push(Received { path: parts.uri.path().to_owned(), headers: parts.headers, body: body.clone() });
+            r.push(Received {
+                path: parts.uri.path().to_owned(),
+                headers: parts.headers,
+                body: body.clone(),
+            });
         }
     }
     let Ok(head) = protocol::peek(&body) else {
         flight.finish();
-        return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(r#"{"error":{"message":"bad json"}}"#));
+        return respond(
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            Body::from(r#"{"error":{"message":"bad json"}}"#),
+        );
     };
-    let behavior = state.config.models.get(&head.model).unwrap_or(&state.config.default).clone();
+    let behavior = state
+        .config
+        .models
+        .get(&head.model)
+        .unwrap_or(&state.config.default)
+        .clone();
     if behavior.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(behavior.latency_ms)).await;
     }
     if let Some(status) = behavior.status {
         flight.finish();
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return respond(status, &behavior.error_content_type, Body::from(behavior.error_body.clone()));
+        return respond(
+            status,
+            &behavior.error_content_type,
+            Body::from(behavior.error_body.clone()),
+        );
     }
     if head.stream {
         let frames = sse_frames(protocol, &head.model, behavior.chunks);
@@ -219,7 +247,11 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
         return respond(StatusCode::OK, "text/event-stream", Body::new(body));
     }
     flight.finish();
-    respond(StatusCode::OK, "application/json", Body::from(json_answer(protocol, &head.model, behavior.chunks)))
+    respond(
+        StatusCode::OK,
+        "application/json",
+        Body::from(json_answer(protocol, &head.model, behavior.chunks)),
+    )
 }
 
 fn respond(status: StatusCode, content_type: &str, body: Body) -> Response {
@@ -263,29 +295,49 @@ pub fn sse_frames(protocol: Protocol, model: &str, chunks: usize) -> Vec<Bytes> 
                     "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
                 Bytes::from(format!("data: {v}\n\n"))
             };
-            out.push(chunk(serde_json::json!({"role": "assistant", "content": ""}), None));
+            out.push(chunk(
+                serde_json::json!({"role": "assistant", "content": ""}),
+                None,
+            ));
             for i in 0..chunks {
-                out.push(chunk(serde_json::json!({"content": format!("tok{i} ")}), None));
+                out.push(chunk(
+                    serde_json::json!({"content": format!("tok{i} ")}),
+                    None,
+                ));
             }
             out.push(chunk(serde_json::json!({}), Some("stop")));
             out.push(Bytes::from_static(b"data: [DONE]\n\n"));
         }
         Protocol::Anthropic => {
-            let event = |name: &str, v: serde_json::Value| Bytes::from(format!("event: {name}\ndata: {v}\n\n"));
+            let event = |name: &str, v: serde_json::Value| {
+                Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
+            };
             out.push(event("message_start", serde_json::json!({"type": "message_start", "message": {
                 "id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": [],
                 "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})));
-            out.push(event("content_block_start", serde_json::json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}})));
+            out.push(event(
+                "content_block_start",
+                serde_json::json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+            ));
             out.push(event("ping", serde_json::json!({"type": "ping"})));
             for i in 0..chunks {
-                out.push(event("content_block_delta", serde_json::json!({"type": "content_block_delta", "index": 0,
-                    "delta": {"type": "text_delta", "text": format!("tok{i} ")}})));
+                out.push(event(
+                    "content_block_delta",
+                    serde_json::json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": format!("tok{i} ")}}),
+                ));
             }
-            out.push(event("content_block_stop", serde_json::json!({"type": "content_block_stop", "index": 0})));
+            out.push(event(
+                "content_block_stop",
+                serde_json::json!({"type": "content_block_stop", "index": 0}),
+            ));
             out.push(event("message_delta", serde_json::json!({"type": "message_delta",
                 "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": chunks}})));
-            out.push(event("message_stop", serde_json::json!({"type": "message_stop"})));
+            out.push(event(
+                "message_stop",
+                serde_json::json!({"type": "message_stop"}),
+            ));
         }
     }
     out
@@ -304,7 +356,10 @@ impl http_body::Body for SseBody {
     type Data = Bytes;
     type Error = std::convert::Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
         if let Some(sleep) = this.sleep.as_mut() {
             if sleep.as_mut().poll(cx).is_pending() {

@@ -68,17 +68,28 @@ pub enum BuildError {
 impl Upstream {
     /// Builds the client and precomputes the request URI and auth header.
     pub fn new(config: UpstreamConfig) -> Result<Self, BuildError> {
-        let uri: Uri = format!("{}{}", config.base_url.as_str().trim_end_matches('/'), config.protocol.upstream_path())
-            .parse()
-            .map_err(|_| BuildError::Url(config.name.clone()))?;
+        let uri: Uri = format!(
+            "{}{}",
+            config.base_url.as_str().trim_end_matches('/'),
+            config.protocol.upstream_path()
+        )
+        .parse()
+        .map_err(|_| BuildError::Url(config.name.clone()))?;
         let auth = if config.api_key.is_empty() {
             None
         } else {
             let (name, value) = match config.protocol {
-                Protocol::OpenAi => (header::AUTHORIZATION, format!("Bearer {}", config.api_key.expose())),
-                Protocol::Anthropic => (HeaderName::from_static("x-api-key"), config.api_key.expose().to_owned()),
+                Protocol::OpenAi => (
+                    header::AUTHORIZATION,
+                    format!("Bearer {}", config.api_key.expose()),
+                ),
+                Protocol::Anthropic => (
+                    HeaderName::from_static("x-api-key"),
+                    config.api_key.expose().to_owned(),
+                ),
             };
-            let mut value = HeaderValue::try_from(value).map_err(|_| BuildError::Key(config.name.clone()))?;
+            let mut value =
+                HeaderValue::try_from(value).map_err(|_| BuildError::Key(config.name.clone()))?;
             value.set_sensitive(true);
             Some((name, value))
         };
@@ -94,9 +105,18 @@ impl Upstream {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(if config.connection_close { 0 } else { usize::MAX })
+            .pool_max_idle_per_host(if config.connection_close {
+                0
+            } else {
+                usize::MAX
+            })
             .build(https);
-        Ok(Self { config, client, uri, auth })
+        Ok(Self {
+            config,
+            client,
+            uri,
+            auth,
+        })
     }
 
     /// The upstream request for a client request: same body bytes, this
@@ -112,9 +132,13 @@ impl Upstream {
             }
         }
         if !headers.contains_key(header::CONTENT_TYPE) {
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
         }
-        if self.config.protocol == Protocol::Anthropic && !headers.contains_key("anthropic-version") {
+        if self.config.protocol == Protocol::Anthropic && !headers.contains_key("anthropic-version")
+        {
             headers.insert("anthropic-version", self.config.anthropic_version.clone());
         }
         if let Some((name, value)) = &self.auth {

@@ -40,7 +40,12 @@ async fn openai_renames_model_and_keeps_every_other_byte() {
     assert_eq!(h["openai-organization"], "org-1");
     assert!(h.get("cookie").is_none());
     for (_, value) in h {
-        assert!(!value.to_str().unwrap_or("").contains("client-key-should-not-travel"));
+        assert!(
+            !value
+                .to_str()
+                .unwrap_or("")
+                .contains("client-key-should-not-travel")
+        );
     }
 }
 
@@ -49,7 +54,12 @@ async fn unchanged_model_name_sends_identical_bytes() {
     let sim = sim(&[]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
     let body = "{\n  \"model\": \"claude\",\n  \"max_tokens\": 10,\n  \"messages\": [{\"role\":\"user\",\"content\":\"hi\"}]\n}";
-    let resp = client().post(url(&gw, "/v1/messages")).body(body).send().await.unwrap();
+    let resp = client()
+        .post(url(&gw, "/v1/messages"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["type"], "message");
@@ -58,7 +68,13 @@ async fn unchanged_model_name_sends_identical_bytes() {
 
 #[tokio::test]
 async fn anthropic_stream_is_relayed_byte_for_byte_with_protocol_headers() {
-    let sim = sim(&[("claude", Behavior { chunks: 12, ..Default::default() })]);
+    let sim = sim(&[(
+        "claude",
+        Behavior {
+            chunks: 12,
+            ..Default::default()
+        },
+    )]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
     let body = r#"{"model":"claude","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let resp = client()
@@ -91,13 +107,23 @@ async fn anthropic_stream_is_relayed_byte_for_byte_with_protocol_headers() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap();
-    assert_eq!(sim.state.received()[1].headers["anthropic-version"], "2099-12-31");
+    assert_eq!(
+        sim.state.received()[1].headers["anthropic-version"],
+        "2099-12-31"
+    );
 }
 
 #[tokio::test]
 async fn openai_stream_arrives_chunk_by_chunk() {
     // 10 chunks 300 ms apart: a buffering proxy would deliver nothing for 3 s.
-    let sim = sim(&[("real-gpt", Behavior { chunks: 10, chunk_delay_ms: 300, ..Default::default() })]);
+    let sim = sim(&[(
+        "real-gpt",
+        Behavior {
+            chunks: 10,
+            chunk_delay_ms: 300,
+            ..Default::default()
+        },
+    )]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
     let started = Instant::now();
     let resp = client()
@@ -115,8 +141,14 @@ async fn openai_stream_arrives_chunk_by_chunk() {
         received.extend_from_slice(&chunk.unwrap());
     }
     let total = started.elapsed();
-    assert!(first_at < Duration::from_millis(1500), "first chunk took {first_at:?}");
-    assert!(total >= Duration::from_millis(2700), "stream ended too early: {total:?}");
+    assert!(
+        first_at < Duration::from_millis(1500),
+        "first chunk took {first_at:?}"
+    );
+    assert!(
+        total >= Duration::from_millis(2700),
+        "stream ended too early: {total:?}"
+    );
     let expected: Vec<u8> = sse_frames(Protocol::OpenAi, "real-gpt", 10).concat();
     assert_eq!(received, expected);
 }
@@ -146,19 +178,41 @@ async fn upstream_errors_are_returned_verbatim() {
     let body_3009 = r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#;
     let html = "<html><body><h1>503 Service Temporarily Unavailable</h1></body></html>";
     let sim = sim(&[
-        ("real-gpt", Behavior { status: Some(429), error_body: body_3009.into(), ..Default::default() }),
+        (
+            "real-gpt",
+            Behavior {
+                status: Some(429),
+                error_body: body_3009.into(),
+                ..Default::default()
+            },
+        ),
         (
             "claude",
-            Behavior { status: Some(503), error_body: html.into(), error_content_type: "text/html".into(), ..Default::default() },
+            Behavior {
+                status: Some(503),
+                error_body: html.into(),
+                error_content_type: "text/html".into(),
+                ..Default::default()
+            },
         ),
     ]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
-    let resp = client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"gpt"}"#).send().await.unwrap();
+    let resp = client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .body(r#"{"model":"gpt"}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 429);
     assert_eq!(resp.headers()["content-type"], "application/json");
     assert_eq!(resp.headers()["x-tidegate-upstream"], "sim-openai");
     assert_eq!(resp.text().await.unwrap(), body_3009);
-    let resp = client().post(url(&gw, "/v1/messages")).body(r#"{"model":"claude"}"#).send().await.unwrap();
+    let resp = client()
+        .post(url(&gw, "/v1/messages"))
+        .body(r#"{"model":"claude"}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["content-type"], "text/html");
     assert_eq!(resp.text().await.unwrap(), html);
@@ -167,10 +221,28 @@ async fn upstream_errors_are_returned_verbatim() {
 #[tokio::test]
 async fn models_and_health_endpoints() {
     let sim = sim(&[]);
-    let gw = gateway(&yaml(&sim, "", "", "  gpt-mini:\n    targets: [{ upstream: sim-openai }]")).await;
-    let v: serde_json::Value = client().get(url(&gw, "/v1/models")).send().await.unwrap().json().await.unwrap();
+    let gw = gateway(&yaml(
+        &sim,
+        "",
+        "",
+        "  gpt-mini:\n    targets: [{ upstream: sim-openai }]",
+    ))
+    .await;
+    let v: serde_json::Value = client()
+        .get(url(&gw, "/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["object"], "list");
-    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["gpt", "gpt-mini"]);
     let v: serde_json::Value = client()
         .get(url(&gw, "/v1/models"))

@@ -37,7 +37,11 @@ pub fn interpolate(
                     Value::String(k) => k.clone(),
                     other => format!("{other:?}"),
                 };
-                let child = if path.is_empty() { key } else { format!("{path}.{key}") };
+                let child = if path.is_empty() {
+                    key
+                } else {
+                    format!("{path}.{key}")
+                };
                 interpolate(item, &child, lookup, problems);
             }
         }
@@ -130,10 +134,14 @@ mod tests {
 
     #[test]
     fn reports_path_of_missing_variable() {
-        let mut v: Value = yaml_serde::from_str("upstreams:\n  - api_key: \"${NOPE}\"\n").unwrap_or(Value::Null);
+        let mut v: Value =
+            yaml_serde::from_str("upstreams:\n  - api_key: \"${NOPE}\"\n").unwrap_or(Value::Null);
         let mut problems = Vec::new();
         interpolate(&mut v, "", &env, &mut problems);
         assert_eq!(problems.len(), 1);
-        assert!(problems[0].starts_with("upstreams[0].api_key: environment variable NOPE"), "{problems:?}");
+        assert!(
+            problems[0].starts_with("upstreams[0].api_key: environment variable NOPE"),
+            "{problems:?}"
+        );
     }
 }

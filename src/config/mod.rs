@@ -171,7 +171,10 @@ impl Config {
 
     /// Parses and validates config text with an explicit variable lookup
     /// (tests pass their own instead of mutating the process environment).
-    pub fn parse(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    pub fn parse(
+        text: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let mut tree: yaml_serde::Value =
             yaml_serde::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
         if tree.is_null() {
@@ -184,7 +187,11 @@ impl Config {
             Err(err) => {
                 let path = err.path().to_string();
                 let inner = err.into_inner().to_string();
-                problems.push(if path == "." { inner } else { format!("{path}: {inner}") });
+                problems.push(if path == "." {
+                    inner
+                } else {
+                    format!("{path}: {inner}")
+                });
                 return Err(ConfigError::Invalid(problems));
             }
         };

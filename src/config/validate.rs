@@ -25,7 +25,10 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
     let listen = match raw.listen.parse::<SocketAddr>() {
         Ok(addr) => Some(addr),
         Err(_) => {
-            problems.push(format!("listen: {:?} is not an address like 127.0.0.1:8787", raw.listen));
+            problems.push(format!(
+                "listen: {:?} is not an address like 127.0.0.1:8787",
+                raw.listen
+            ));
             None
         }
     };
@@ -87,7 +90,9 @@ fn client_keys(raw: &RawConfig, problems: &mut Vec<String>) -> Vec<ClientKey> {
         if k.key.is_empty() {
             problems.push(format!("client_keys[{i}].key: must not be empty"));
         } else if !seen.insert(k.key.as_str()) {
-            problems.push(format!("client_keys[{i}].key: the same key is listed twice"));
+            problems.push(format!(
+                "client_keys[{i}].key: the same key is listed twice"
+            ));
         }
         keys.push(ClientKey {
             name: k.name.clone(),
@@ -108,7 +113,10 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         "openai" => Some(Protocol::OpenAi),
         "anthropic" => Some(Protocol::Anthropic),
         other => {
-            problems.push(format!("{}: {other:?} is not one of openai, anthropic", at("protocol")));
+            problems.push(format!(
+                "{}: {other:?} is not one of openai, anthropic",
+                at("protocol")
+            ));
             None
         }
     };
@@ -117,26 +125,42 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
             Some(trim_slash(url))
         }
         _ => {
-            problems.push(format!("{}: {:?} is not a URL (http:// or https://)", at("base_url"), u.base_url));
+            problems.push(format!(
+                "{}: {:?} is not a URL (http:// or https://)",
+                at("base_url"),
+                u.base_url
+            ));
             None
         }
     };
     let mut headers = Vec::new();
     for (name, value) in &u.headers {
-        match (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str())) {
+        match (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::try_from(value.as_str()),
+        ) {
             (Ok(n), Ok(mut v)) => {
                 v.set_sensitive(true);
                 headers.push((n, v));
             }
             _ => {
-                problems.push(format!("{}: {name:?} is not a valid header name and value", at("headers")));
+                problems.push(format!(
+                    "{}: {name:?} is not a valid header name and value",
+                    at("headers")
+                ));
                 ok = false;
             }
         }
     }
-    let version = u.anthropic_version.as_deref().unwrap_or(DEFAULT_ANTHROPIC_VERSION);
+    let version = u
+        .anthropic_version
+        .as_deref()
+        .unwrap_or(DEFAULT_ANTHROPIC_VERSION);
     let anthropic_version = HeaderValue::try_from(version).ok().or_else(|| {
-        problems.push(format!("{}: not a valid header value", at("anthropic_version")));
+        problems.push(format!(
+            "{}: not a valid header value",
+            at("anthropic_version")
+        ));
         None
     });
     let mut duration = |field: &str, value: &Option<String>, default: Duration| match value {
@@ -144,16 +168,26 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         Some(text) => match humantime::parse_duration(text) {
             Ok(d) if !d.is_zero() => d,
             _ => {
-                problems.push(format!("{}: {text:?} is not a duration like 10s or 500ms", at(field)));
+                problems.push(format!(
+                    "{}: {text:?} is not a duration like 10s or 500ms",
+                    at(field)
+                ));
                 ok = false;
                 default
             }
         },
     };
-    let connect_timeout = duration("connect_timeout", &u.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+    let connect_timeout = duration(
+        "connect_timeout",
+        &u.connect_timeout,
+        DEFAULT_CONNECT_TIMEOUT,
+    );
     let header_timeout = duration("header_timeout", &u.header_timeout, DEFAULT_HEADER_TIMEOUT);
-    let stream_idle_timeout =
-        duration("stream_idle_timeout", &u.stream_idle_timeout, DEFAULT_STREAM_IDLE_TIMEOUT);
+    let stream_idle_timeout = duration(
+        "stream_idle_timeout",
+        &u.stream_idle_timeout,
+        DEFAULT_STREAM_IDLE_TIMEOUT,
+    );
     if !ok {
         return None;
     }
@@ -177,17 +211,27 @@ fn trim_slash(mut url: url::Url) -> url::Url {
     url
 }
 
-fn models(raw: &RawConfig, upstreams: &[UpstreamConfig], problems: &mut Vec<String>) -> IndexMap<String, ModelRoute> {
+fn models(
+    raw: &RawConfig,
+    upstreams: &[UpstreamConfig],
+    problems: &mut Vec<String>,
+) -> IndexMap<String, ModelRoute> {
     if raw.models.is_empty() {
         problems.push("models: at least one model alias is required".into());
     }
     let known = || {
-        raw.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>().join(", ")
+        raw.upstreams
+            .iter()
+            .map(|u| u.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     let mut out = IndexMap::new();
     for (alias, model) in &raw.models {
         if model.targets.is_empty() {
-            problems.push(format!("models.{alias}.targets: at least one target is required"));
+            problems.push(format!(
+                "models.{alias}.targets: at least one target is required"
+            ));
             continue;
         }
         let mut targets = Vec::new();
@@ -213,9 +257,14 @@ fn models(raw: &RawConfig, upstreams: &[UpstreamConfig], problems: &mut Vec<Stri
             }
             let name = t.model.clone().unwrap_or_else(|| alias.clone());
             if name.is_empty() {
-                problems.push(format!("models.{alias}.targets[{j}].model: must not be empty"));
+                problems.push(format!(
+                    "models.{alias}.targets[{j}].model: must not be empty"
+                ));
             }
-            targets.push(Target { upstream: idx, model: name });
+            targets.push(Target {
+                upstream: idx,
+                model: name,
+            });
         }
         if let Some(protocol) = protocol {
             out.insert(alias.clone(), ModelRoute { protocol, targets });

@@ -9,14 +9,17 @@ use super::ErrorKind;
 /// into their typed exceptions.
 pub fn error_body(kind: ErrorKind, message: &str, code: Option<&str>) -> Bytes {
     let kind = match kind {
-        ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => "invalid_request_error",
+        ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => {
+            "invalid_request_error"
+        }
         ErrorKind::Authentication => "authentication_error",
         ErrorKind::RateLimit => "rate_limit_error",
         ErrorKind::Api | ErrorKind::Overloaded => "api_error",
         ErrorKind::Timeout => "timeout_error",
     };
     Bytes::from(
-        json!({"error": {"message": message, "type": kind, "param": null, "code": code}}).to_string(),
+        json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+            .to_string(),
     )
 }
 

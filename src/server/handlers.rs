@@ -30,7 +30,11 @@ pub async fn messages(State(gw): State<Arc<Gateway>>, req: Request) -> Response 
 /// `anthropic-version` (the Anthropic SDK) get Anthropic's list shape and
 /// aliases; everyone else OpenAI's.
 pub async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let protocol = if headers.contains_key("anthropic-version") { Protocol::Anthropic } else { Protocol::OpenAi };
+    let protocol = if headers.contains_key("anthropic-version") {
+        Protocol::Anthropic
+    } else {
+        Protocol::OpenAi
+    };
     if authenticate(&gw.config.client_keys, &headers).is_err() {
         return GatewayError::Unauthorized.into_response(protocol);
     }
@@ -49,7 +53,11 @@ pub async fn healthz() -> &'static str {
 
 /// Any other path: a protocol-shaped 404 instead of an empty body.
 pub async fn fallback(req: Request) -> Response {
-    let protocol = if req.headers().contains_key("anthropic-version") { Protocol::Anthropic } else { Protocol::OpenAi };
+    let protocol = if req.headers().contains_key("anthropic-version") {
+        Protocol::Anthropic
+    } else {
+        Protocol::OpenAi
+    };
     GatewayError::NoRoute(format!("{} {}", req.method(), req.uri().path())).into_response(protocol)
 }
 
@@ -72,13 +80,19 @@ async fn proxy(gw: &Gateway, protocol: Protocol, req: Request) -> Response {
         Ok(resp) => resp,
         Err(err) => err.into_response(protocol),
     };
-    let upstream = facts.upstream.and_then(|i| gw.upstreams.get(i)).map(|u| u.config.name.as_str());
+    let upstream = facts
+        .upstream
+        .and_then(|i| gw.upstreams.get(i))
+        .map(|u| u.config.name.as_str());
     let headers = resp.headers_mut();
     if let Ok(v) = HeaderValue::try_from(id.to_string()) {
         headers.insert("x-tidegate-request-id", v);
     }
     let upstream_header = upstream.and_then(|u| HeaderValue::try_from(u).ok());
-    headers.insert("x-tidegate-upstream", upstream_header.unwrap_or(HeaderValue::from_static("none")));
+    headers.insert(
+        "x-tidegate-upstream",
+        upstream_header.unwrap_or(HeaderValue::from_static("none")),
+    );
     tracing::info!(
         id = %id,
         client = facts.client.unwrap_or("-"),
@@ -113,7 +127,8 @@ async fn handle<'g>(
     body: Body,
     facts: &mut Facts<'g>,
 ) -> Result<Response, GatewayError> {
-    facts.client = authenticate(&gw.config.client_keys, &parts.headers).map_err(|()| GatewayError::Unauthorized)?;
+    facts.client = authenticate(&gw.config.client_keys, &parts.headers)
+        .map_err(|()| GatewayError::Unauthorized)?;
     let body = read_body(body, &parts.headers, gw.config.max_body).await?;
     let head = protocol::peek(&body).map_err(|e| match e {
         PeekError::Malformed(_) | PeekError::MissingModel | PeekError::ModelNotString => {
@@ -138,7 +153,11 @@ async fn handle<'g>(
             return Err(GatewayError::UnknownModel(format!(
                 "model {:?} is not configured on this gateway; available: {}",
                 head.model,
-                if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
+                if known.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    known.join(", ")
+                }
             )));
         }
     };
@@ -166,8 +185,12 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize) -> Result<Bytes,
     }
     match Limited::new(body, max).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => Err(GatewayError::TooLarge { limit: max }),
-        Err(err) => Err(GatewayError::BadRequest(format!("could not read the request body: {err}"))),
+        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(GatewayError::TooLarge { limit: max })
+        }
+        Err(err) => Err(GatewayError::BadRequest(format!(
+            "could not read the request body: {err}"
+        ))),
     }
 }
 
@@ -177,7 +200,13 @@ mod tests {
     fn status_codes_are_the_documented_ones() {
         use super::*;
         use http::StatusCode;
-        assert_eq!(GatewayError::TooLarge { limit: 1 }.status(), StatusCode::PAYLOAD_TOO_LARGE);
-        assert_eq!(GatewayError::Unauthorized.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            GatewayError::TooLarge { limit: 1 }.status(),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert_eq!(
+            GatewayError::Unauthorized.status(),
+            StatusCode::UNAUTHORIZED
+        );
     }
 }

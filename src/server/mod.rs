@@ -90,7 +90,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let addr = config.listen;
     let gateway = Arc::new(Gateway::new(config)?);
     let listener = listen::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr, source })?;
     let task = tokio::spawn(listen::serve(listener, router(gateway)));
     Ok(Running { addr, task })
 }

@@ -15,7 +15,10 @@ pub const UPSTREAM_KEY: &str = "sk-upstream-secret-123";
 pub fn sim(models: &[(&str, Behavior)]) -> Simulator {
     let config = SimConfig {
         default: Behavior::default(),
-        models: models.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<HashMap<_, _>>(),
+        models: models
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect::<HashMap<_, _>>(),
         record: true,
     };
     Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
@@ -33,13 +36,17 @@ pub fn yaml(sim: &Simulator, top: &str, upstream_extra: &str, models: &str) -> S
 
 /// Starts a gateway from YAML text (no environment lookups).
 pub async fn gateway(yaml: &str) -> Running {
-    let config = Config::parse(yaml, &|_| None).unwrap_or_else(|e| panic!("test config invalid: {e}\n{yaml}"));
+    let config = Config::parse(yaml, &|_| None)
+        .unwrap_or_else(|e| panic!("test config invalid: {e}\n{yaml}"));
     server::start(config).await.unwrap()
 }
 
 /// A plain HTTP client with a short overall timeout so no test hangs.
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
 }
 
 pub fn url(gw: &Running, path: &str) -> String {

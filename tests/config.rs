@@ -1,0 +1,185 @@
+//! Config loading and the `check` / `serve` commands, run as a user would.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tidegate::config::{Config, ConfigError};
+
+fn problems(text: &str) -> Vec<String> {
+    match Config::parse(text, &|name| (name == "SET").then(|| "value".to_string())) {
+        Ok(_) => vec![],
+        Err(e) => e.problems(),
+    }
+}
+
+const VALID: &str = "
+upstreams:
+  - { name: a, protocol: openai, base_url: https://api.example.com/v1, api_key: \"${SET}\" }
+  - { name: b, protocol: anthropic, base_url: https://api.example.org }
+models:
+  m: { targets: [{ upstream: a, model: real }] }
+  c: { targets: [{ upstream: b }] }
+";
+
+#[test]
+fn valid_config_has_defaults_for_everything_else() {
+    let c = Config::parse(VALID, &|name| (name == "SET").then(|| "value".to_string())).unwrap();
+    assert_eq!(c.listen.to_string(), "127.0.0.1:8787");
+    assert_eq!(c.max_body, 32 * 1024 * 1024);
+    assert_eq!(c.upstreams[0].api_key.expose(), "value");
+    assert_eq!(format!("{:?}", c.upstreams[0].api_key), "***");
+    assert_eq!(c.models["c"].targets[0].model, "c");
+    assert_eq!(c.models["m"].targets[0].model, "real");
+}
+
+#[test]
+fn each_problem_is_reported_with_its_path() {
+    let text = "
+listen: 0.0.0.0:80
+upstreams:
+  - { name: a, protocol: openai, base_url: https://api.example.com/v1 }
+  - { name: b, protocol: grpc, base_url: not a url, connect_timeout: soon }
+  - { name: a, protocol: anthropic, base_url: http://x }
+models:
+  m: { targets: [{ upstream: nope }] }
+  mixed: { targets: [{ upstream: a }, { upstream: b }] }
+  empty: { targets: [] }
+";
+    let p = problems(text);
+    let want = [
+        "client_keys: none configured while listen 0.0.0.0:80",
+        "upstreams[1].protocol: \"grpc\" is not one of openai, anthropic",
+        "upstreams[1].base_url: \"not a url\" is not a URL",
+        "upstreams[1].connect_timeout: \"soon\" is not a duration",
+        "upstreams[2].name: \"a\" is used twice",
+        "models.m.targets[0].upstream: unknown upstream \"nope\"",
+        "models.empty.targets: at least one target is required",
+    ];
+    for w in want {
+        assert!(
+            p.iter().any(|line| line.starts_with(w)),
+            "missing {w:?} in {p:#?}"
+        );
+    }
+}
+
+#[test]
+fn unknown_fields_and_type_errors_name_the_field() {
+    let text = VALID.replace("api_key: \"${SET}\" }", "api_key: x, max_concurent: 3 }");
+    let p = problems(&text);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("upstreams[0].max_concurent: unknown field `max_concurent`"),
+        "{p:?}"
+    );
+    let p = problems(&format!("workers: many\n{VALID}"));
+    assert!(p[0].starts_with("workers: invalid type"), "{p:?}");
+}
+
+#[test]
+fn missing_environment_variable_is_named() {
+    let p = problems(&VALID.replace("${SET}", "${OPENAI_KEY_FOR_TEST}"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].contains("upstreams[0].api_key") && p[0].contains("OPENAI_KEY_FOR_TEST"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn targets_of_one_alias_must_share_a_protocol() {
+    let p = problems(&VALID.replace(
+        "targets: [{ upstream: b }]",
+        "targets: [{ upstream: b }, { upstream: a }]",
+    ));
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("models.c.targets[1]: upstream \"a\" speaks openai")),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn yaml_syntax_errors_are_reported() {
+    let err = Config::parse("upstreams: [", &|_| None).err().unwrap();
+    assert!(matches!(err, ConfigError::Yaml(_)));
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tidegate"))
+}
+
+#[test]
+fn check_command_exits_2_with_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, VALID.replace("https://api.example.org", "ftp:/x")).unwrap();
+    let out = bin()
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("SET", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("upstreams[1].base_url: \"ftp:/x\" is not a URL"),
+        "{stderr}"
+    );
+
+    std::fs::write(&path, VALID).unwrap();
+    let out = bin()
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("SET", "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn serve_writes_a_default_config_and_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tidegate.yaml");
+    let mut child = bin()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = String::new();
+    let mut lines = BufReader::new(stderr).lines();
+    while Instant::now() < deadline {
+        let Some(Ok(line)) = lines.next() else { break };
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("tidegate listening") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen.contains("wrote a commented default config"), "{seen}");
+    assert!(seen.contains("tidegate listening"), "{seen}");
+    let written = std::fs::read_to_string(&path).unwrap();
+    assert!(written.contains("${OPENAI_API_KEY:-}") && written.contains("${ANTHROPIC_API_KEY:-}"));
+    let out = bin()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "default config must pass check");
+}
