@@ -1,0 +1,174 @@
+"""Real clients nobody here wrote: the official OpenAI and Anthropic Python
+SDKs against a running tidegate in front of `tidegate simulate`.
+
+Usage: python tests/sdk/check.py path/to/tidegate
+
+Starts both processes on free loopback ports, runs each check, prints one
+line per check and a closing "N passed, N failed" line; exits non-zero on
+any failure.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+import anthropic
+import openai
+
+CLIENT_KEY = "sdk-check-client-key"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url, proc, what):
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except Exception:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not become ready at {url}")
+
+
+def wait_port(port, proc, what):
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {port}")
+
+
+def main():
+    binary = sys.argv[1]
+    tmp = tempfile.mkdtemp(prefix="tidegate-sdk-")
+    sim_port, gw_port = free_port(), free_port()
+    config = os.path.join(tmp, "tidegate.yaml")
+    with open(config, "w") as f:
+        f.write(f"""
+listen: 127.0.0.1:{gw_port}
+client_keys: [{{ name: sdk, key: {CLIENT_KEY} }}]
+upstreams:
+  - {{ name: sim-openai, protocol: openai, base_url: "http://127.0.0.1:{sim_port}/v1", api_key: up }}
+  - {{ name: sim-anthropic, protocol: anthropic, base_url: "http://127.0.0.1:{sim_port}", api_key: up }}
+models:
+  gpt: {{ targets: [{{ upstream: sim-openai, model: sim-gpt }}] }}
+  claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
+""")
+    env = dict(os.environ, RUST_LOG="warn")
+    procs = []
+    try:
+        sim = subprocess.Popen([binary, "simulate", "--listen", f"127.0.0.1:{sim_port}"], env=env)
+        procs.append(sim)
+        wait_port(sim_port, sim, "simulator")
+        gw = subprocess.Popen([binary, "serve", "--config", config], env=env)
+        procs.append(gw)
+        wait_healthy(f"http://127.0.0.1:{gw_port}/healthz", gw, "tidegate")
+        return run_checks(f"http://127.0.0.1:{gw_port}")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def run_checks(base):
+    oa = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEY, max_retries=0, timeout=20)
+    an = anthropic.Anthropic(base_url=base, api_key=CLIENT_KEY, max_retries=0, timeout=20)
+    msgs = [{"role": "user", "content": "hello"}]
+
+    def openai_non_stream():
+        r = oa.chat.completions.create(model="gpt", messages=msgs)
+        assert r.model == "sim-gpt", r.model
+        assert r.choices[0].message.content.startswith("tok0"), r
+
+    def openai_stream():
+        text = ""
+        for chunk in oa.chat.completions.create(model="gpt", messages=msgs, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+        assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
+
+    def openai_models():
+        ids = [m.id for m in oa.models.list()]
+        assert ids == ["gpt"], ids
+
+    def openai_typed_errors():
+        try:
+            oa.chat.completions.create(model="nope", messages=msgs)
+            raise AssertionError("no exception")
+        except openai.NotFoundError as e:
+            assert "tidegate" in e.message and "gpt" in e.message, e.message
+        bad = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0)
+        try:
+            bad.chat.completions.create(model="gpt", messages=msgs)
+            raise AssertionError("no exception")
+        except openai.AuthenticationError as e:
+            assert "tidegate" in e.message, e.message
+
+    def anthropic_non_stream():
+        r = an.messages.create(model="claude", max_tokens=32, messages=msgs)
+        assert r.model == "sim-claude", r.model
+        assert r.content[0].text.startswith("tok0"), r
+
+    def anthropic_stream():
+        with an.messages.stream(model="claude", max_tokens=32, messages=msgs) as s:
+            text = "".join(s.text_stream)
+            final = s.get_final_message()
+        assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
+        assert final.stop_reason == "end_turn", final
+
+    def anthropic_typed_errors():
+        try:
+            an.messages.create(model="nope", max_tokens=8, messages=msgs)
+            raise AssertionError("no exception")
+        except anthropic.NotFoundError as e:
+            assert "tidegate" in e.message and "claude" in e.message, e.message
+        bad = anthropic.Anthropic(base_url=base, api_key="wrong", max_retries=0)
+        try:
+            bad.messages.create(model="claude", max_tokens=8, messages=msgs)
+            raise AssertionError("no exception")
+        except anthropic.AuthenticationError as e:
+            assert "tidegate" in e.message, e.message
+
+    def anthropic_models():
+        ids = [m.id for m in an.models.list()]
+        assert ids == ["claude"], ids
+
+    checks = [openai_non_stream, openai_stream, openai_models, openai_typed_errors,
+              anthropic_non_stream, anthropic_stream, anthropic_typed_errors, anthropic_models]
+    passed = failed = 0
+    for check in checks:
+        try:
+            check()
+            passed += 1
+            print(f"ok   {check.__name__}")
+        except Exception:
+            failed += 1
+            print(f"FAIL {check.__name__}")
+            traceback.print_exc()
+    print(f"sdk: {passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
