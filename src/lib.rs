@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod error;
+pub mod logging;
 pub mod protocol;
 pub mod relay;
 pub mod server;

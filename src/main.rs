@@ -99,23 +99,34 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
+/// One worker means a current-thread runtime: no work-stealing machinery
+/// for a proxy pinned to one core. Otherwise a multi-thread runtime with
+/// `workers` threads (0 = one per CPU).
 fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if workers > 0 {
-        builder.worker_threads(workers);
-    }
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if workers > 0 {
+            b.worker_threads(workers);
+        }
+        b
+    };
     builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")
 }
 
-fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
+fn init_logging() -> tidegate::logging::FlushGuard {
+    use std::io::IsTerminal;
+    let (writer, guard) = tidegate::logging::BatchWriter::start(std::io::stderr());
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(writer)
         .init();
     guard

@@ -17,6 +17,12 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use crate::config::UpstreamConfig;
 use crate::protocol::Protocol;
 
+/// Upstream read buffer. hyper's default adaptive buffer starts at 8 KiB
+/// per connection; LLM answers arrive as small SSE events or one modest
+/// JSON document, so a smaller fixed buffer saves memory under thousands of
+/// concurrent requests at no measurable throughput cost (see bench/).
+const READ_BUF: usize = 2048;
+
 type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Client headers forwarded upstream. Everything else (the client's own
@@ -110,6 +116,7 @@ impl Upstream {
             } else {
                 usize::MAX
             })
+            .http1_read_buf_exact_size(READ_BUF)
             .build(https);
         Ok(Self {
             config,

@@ -1,0 +1,225 @@
+"""Runs the foundation benchmark and prints a table of medians with ratios.
+
+Layout (2 cores): the proxy under test (nginx with one worker, or tidegate
+with one runtime thread) is pinned to CPU 0; the simulator and the load
+generator share CPU 1. "direct" sends the same load straight to the
+simulator. Every figure is the median of REPS repetitions, and every ratio
+compares numbers measured in this same run.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+QUICK = "--quick" in sys.argv
+REPS = int(os.environ.get("REPS", 5)) if not QUICK else 1
+DUR = "5s" if not QUICK else "2s"
+BIN = os.path.abspath("target/release/tidegate")
+SIM, NGINX, GW = 19000, 19001, 19002
+BODY = '{"model":"bench","messages":[{"role":"user","content":"hello"}]}'
+SSE_BODY = '{"model":"sse","stream":true,"messages":[{"role":"user","content":"hello"}]}'
+SLOW_BODY = '{"model":"slow","messages":[{"role":"user","content":"hello"}]}'
+PATH = "/v1/chat/completions"
+TMP = tempfile.mkdtemp(prefix="tidegate-bench-")
+
+
+def wait_port(port):
+    for _ in range(400):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.025)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def start(cmd, cpu, env=None, log="proc.log"):
+    out = open(os.path.join(TMP, log), "w")
+    return subprocess.Popen(["taskset", "-c", str(cpu)] + cmd, stdout=out, stderr=out,
+                            env=dict(os.environ, **(env or {})))
+
+
+def write(name, text):
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def rss_peak_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def nginx_worker_pid(master):
+    out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+    return int(out[0]) if out else master
+
+
+def wrk_rps(port, body):
+    script = write("post.lua", 'wrk.method = "POST"\nwrk.body = %s\nwrk.headers["Content-Type"] = "application/json"\n'
+                   % json.dumps(body))
+    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", "-d", DUR, "-s", script,
+                          f"http://127.0.0.1:{port}{PATH}"], capture_output=True, text=True).stdout
+    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec")).split()[1])
+    errors = [l for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
+    if errors:
+        print(f"  warning: port {port}: {errors}", file=sys.stderr)
+    return rps
+
+
+def oha(port, body, *args):
+    cmd = ["taskset", "-c", "1", "oha", "--no-tui", "--output-format", "json", "-m", "POST", "-d", body,
+           "-H", "content-type: application/json", *args, f"http://127.0.0.1:{port}{PATH}"]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+
+def med(values):
+    return statistics.median(values)
+
+
+def main():
+    sim_cfg = write("sim.yaml", """
+record: false
+models:
+  bench: { chunks: 5 }
+  sse: { chunks: 20, chunk_delay_ms: 2 }
+  slow: { latency_ms: 200, chunks: 5 }
+""")
+    gw_cfg = write("tidegate.yaml", f"""
+listen: 127.0.0.1:{GW}
+upstreams:
+  - {{ name: sim, protocol: openai, base_url: "http://127.0.0.1:{SIM}/v1" }}
+models:
+  bench: {{ targets: [{{ upstream: sim }}] }}
+  sse: {{ targets: [{{ upstream: sim }}] }}
+  slow: {{ targets: [{{ upstream: sim }}] }}
+""")
+    nginx_cfg = write("nginx.conf", f"""
+worker_processes 1;
+worker_rlimit_nofile 65536;
+pid {TMP}/nginx.pid;
+error_log {TMP}/nginx-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log {TMP}/nginx-access.log;
+  upstream sim {{ server 127.0.0.1:{SIM}; keepalive 1024; }}
+  server {{
+    listen 127.0.0.1:{NGINX} backlog=4096;
+    location / {{
+      proxy_pass http://sim;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      tcp_nodelay on;
+    }}
+  }}
+}}
+""")
+    log_env = {"RUST_LOG": os.environ.get("RUST_LOG", "info"), "NO_COLOR": "1"}
+    procs = []
+    try:
+        procs.append(start([BIN, "simulate", "--listen", f"127.0.0.1:{SIM}", "--workers", "1",
+                            "--config", sim_cfg], 1, {"RUST_LOG": "warn"}, "sim.log"))
+        wait_port(SIM)
+        nginx = start(["nginx", "-c", nginx_cfg, "-g", "daemon off;"], 0, log="nginx.log")
+        procs.append(nginx)
+        gw = start([BIN, "serve", "--config", gw_cfg, "--workers", "1"], 0, log_env, "tidegate.log")
+        procs.append(gw)
+        wait_port(NGINX)
+        wait_port(GW)
+        targets = {"direct": SIM, "nginx": NGINX, "tidegate": GW}
+        results = {name: {} for name in targets}
+        ulimit_ok = True
+
+        print(f"# tidegate foundation bench ({REPS} reps, medians; logs in {TMP})", file=sys.stderr)
+        for name, port in targets.items():  # warm-up: pools, caches
+            oha(port, BODY, "-n", "2000", "-c", "16")
+
+        print("- saturated throughput (wrk, 64 connections)", file=sys.stderr)
+        for rep in range(REPS):
+            for name, port in targets.items():
+                results[name].setdefault("rps", []).append(wrk_rps(port, BODY))
+
+        print("- latency at 500 req/s (oha, open loop, latency-corrected)", file=sys.stderr)
+        for rep in range(REPS):
+            for name, port in targets.items():
+                d = oha(port, BODY, "-z", DUR, "-q", "500", "--latency-correction", "-c", "32")
+                results[name].setdefault("p50", []).append(d["latencyPercentiles"]["p50"] * 1000)
+                results[name].setdefault("p99", []).append(d["latencyPercentiles"]["p99"] * 1000)
+
+        print("- SSE, 20 chunks (oha, one at a time)", file=sys.stderr)
+        for rep in range(REPS):
+            for name, port in targets.items():
+                d = oha(port, SSE_BODY, "-n", "60", "-c", "1")
+                results[name].setdefault("ttfb", []).append(d["firstBytePercentiles"]["p50"] * 1000)
+                results[name].setdefault("sse_total", []).append(d["latencyPercentiles"]["p50"] * 1000)
+
+        print("- 1000 concurrent slow requests (200 ms upstream)", file=sys.stderr)
+        for name, port in targets.items():
+            d = oha(port, SLOW_BODY, "-n", "5000", "-c", "1000")
+            codes = d.get("statusCodeDistribution", {})
+            results[name]["slow_ok"] = [codes.get("200", 0)]
+            results[name]["slow_fail"] = [5000 - codes.get("200", 0)]
+        results["nginx"]["rss"] = [rss_peak_kib(nginx_worker_pid(nginx.pid)) / 1024]
+        results["tidegate"]["rss"] = [rss_peak_kib(gw.pid) / 1024]
+        results["direct"]["rss"] = [float("nan")]
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    m = {name: {k: med(v) for k, v in r.items()} for name, r in results.items()}
+    d, n, t = m["direct"], m["nginx"], m["tidegate"]
+    rows = [
+        ("throughput, req/s", "rps", "{:.0f}"),
+        ("latency p50 @500/s, ms", "p50", "{:.3f}"),
+        ("latency p99 @500/s, ms", "p99", "{:.3f}"),
+        ("SSE first byte p50, ms", "ttfb", "{:.3f}"),
+        ("SSE total p50, ms", "sse_total", "{:.3f}"),
+        ("1000 slow: succeeded /5000", "slow_ok", "{:.0f}"),
+        ("peak RSS, MiB", "rss", "{:.1f}"),
+    ]
+    print(f"| metric | direct | nginx | tidegate | tidegate/nginx |")
+    print(f"|---|---:|---:|---:|---:|")
+    for label, key, fmt in rows:
+        ratio = t[key] / n[key] if n[key] else float("nan")
+        print(f"| {label} | {fmt.format(d[key])} | {fmt.format(n[key])} | {fmt.format(t[key])} | {ratio:.2f} |")
+    print()
+    print("Added by the proxy hop (proxy minus direct, medians):")
+    print(f"| added | nginx | tidegate | tidegate − nginx |")
+    print(f"|---|---:|---:|---:|")
+    for label, key in [("p50 @500/s, ms", "p50"), ("p99 @500/s, ms", "p99"), ("SSE first byte, ms", "ttfb"),
+                       ("SSE total, ms", "sse_total")]:
+        an, at = n[key] - d[key], t[key] - d[key]
+        print(f"| {label} | {an:.3f} | {at:.3f} | {at - an:+.3f} |")
+    verdicts = [
+        ("throughput ≥ 0.8× nginx", t["rps"] >= 0.8 * n["rps"]),
+        ("added p50 within 0.1 ms of nginx's", (t["p50"] - d["p50"]) - (n["p50"] - d["p50"]) <= 0.1),
+        ("p99 no worse than nginx's", t["p99"] <= n["p99"]),
+        ("1000 slow requests all succeed", t["slow_fail"] == 0),
+        ("peak RSS ≤ 2× nginx's", t["rss"] <= 2 * n["rss"]),
+        ("SSE added first byte ≤ 0.5 ms", t["ttfb"] - d["ttfb"] <= 0.5),
+    ]
+    print()
+    for label, ok in verdicts:
+        print(f"- [{'x' if ok else ' '}] {label}")
+
+
+if __name__ == "__main__":
+    main()
