@@ -17,11 +17,13 @@
 //! `simulate` is a fault-injecting upstream shared by the tests, the
 //! benchmark and `tidegate simulate`.
 
+pub mod classify;
 pub mod config;
 pub mod error;
 pub mod logging;
 pub mod protocol;
 pub mod relay;
+pub mod retry;
 pub mod server;
 pub mod simulate;
 pub mod stream;

@@ -1,0 +1,214 @@
+//! Retry policy as plain data and a pure [`decide`]: given what an attempt's
+//! answer meant and where the request stands, wait and try again or give up
+//! (and why). No I/O, no clock: the relay passes everything in, tables test
+//! it.
+
+mod budget;
+
+use std::time::Duration;
+
+pub use budget::RetryBudget;
+
+use crate::classify::{Class, Outcome};
+
+/// Request-wide retry settings (`defaults.retry`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Attempts per request, first included.
+    pub max_attempts: u32,
+    /// First backoff step and the least any backoff waits.
+    pub base_delay: Duration,
+    /// Cap of a backoff step (provider hints may ask for longer).
+    pub max_delay: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 6,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+/// An operator rule: vendor knowledge as data.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rule {
+    /// Statuses it applies to; empty means any.
+    pub on_status: Vec<u16>,
+    /// Body substrings, any of which matches; empty list means any body;
+    /// an empty substring never matches.
+    pub on_body_contains: Vec<String>,
+    /// Wait between attempts (retry rules); `None` uses hints or backoff.
+    pub delay: Option<Duration>,
+    /// Attempts allowed when this rule matches (retry rules); 1 disables it.
+    pub max_attempts: Option<u32>,
+}
+
+impl Rule {
+    /// Status and body both match.
+    pub fn matches(&self, status: u16, body: &str) -> bool {
+        let status_ok = self.on_status.is_empty() || self.on_status.contains(&status);
+        let body_ok = self.on_body_contains.is_empty()
+            || self
+                .on_body_contains
+                .iter()
+                .any(|s| !s.is_empty() && body.contains(s.as_str()));
+        status_ok && body_ok
+    }
+}
+
+/// One upstream's rules.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rules {
+    /// Answers to retry although the built-in class would not.
+    pub retry: Vec<Rule>,
+    /// Answers never to retry, whatever else they look like.
+    pub fatal: Vec<Rule>,
+}
+
+/// Which rule matched an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleMatch {
+    /// A `fatal:` rule (else a `retry:` rule).
+    pub fatal: bool,
+    /// Index in its list, for messages.
+    pub index: usize,
+    /// The retry rule's delay.
+    pub delay: Option<Duration>,
+    /// The retry rule's attempt limit.
+    pub max_attempts: Option<u32>,
+}
+
+impl Rules {
+    /// The first matching fatal rule, else the first matching retry rule
+    /// that is not disabled (`max_attempts: 1`).
+    pub fn find(&self, status: u16, body: &str) -> Option<RuleMatch> {
+        if let Some(index) = self.fatal.iter().position(|r| r.matches(status, body)) {
+            return Some(RuleMatch {
+                fatal: true,
+                index,
+                delay: None,
+                max_attempts: None,
+            });
+        }
+        self.retry
+            .iter()
+            .enumerate()
+            .find(|(_, r)| {
+                r.max_attempts != Some(1) && r.max_attempts != Some(0) && r.matches(status, body)
+            })
+            .map(|(index, r)| RuleMatch {
+                fatal: false,
+                index,
+                delay: r.delay,
+                max_attempts: r.max_attempts,
+            })
+    }
+}
+
+/// Everything [`decide`] looks at.
+#[derive(Debug, Clone)]
+pub struct Situation<'a> {
+    /// What the last attempt's answer meant.
+    pub outcome: &'a Outcome,
+    /// Attempts made so far, the last one included.
+    pub attempts: u32,
+    /// Request-wide policy.
+    pub policy: &'a Policy,
+    /// Time left before the request's deadline.
+    pub remaining: Duration,
+    /// The upstream's retry budget allows one more blind retry.
+    pub budget_ok: bool,
+    /// The request already passed through another tidegate: that one retries.
+    pub chained: bool,
+    /// Uniform random number in [0, 1) for jitter.
+    pub jitter: f64,
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Wait this long, then try again.
+    Retry {
+        /// The wait.
+        wait: Duration,
+        /// Where the wait came from: a header name, `rule` or `backoff`.
+        source: &'static str,
+    },
+    /// Stop and answer.
+    GiveUp(GiveUp),
+}
+
+/// Why a request stops retrying.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GiveUp {
+    /// The class is not retryable (request, auth, entitlement, fatal rule).
+    NotRetryable,
+    /// The provider said `x-should-retry: false`.
+    ProviderSaidNo,
+    /// A tidegate in front of this one does the retrying.
+    Chained,
+    /// Attempt limit reached.
+    Exhausted,
+    /// The upstream's retry budget is spent (outage protection).
+    BudgetSpent,
+    /// The wait needed exceeds the time left; `wait` is what a client
+    /// should wait before trying again.
+    BeyondDeadline {
+        /// The wait that did not fit.
+        wait: Duration,
+    },
+}
+
+/// Decides the next step after a failed attempt. Pure.
+pub fn decide(s: &Situation<'_>) -> Decision {
+    let outcome = s.outcome;
+    let rule = outcome.rule.as_ref().filter(|r| !r.fatal);
+    match outcome.class {
+        Class::Request | Class::Auth | Class::Entitlement => {
+            return Decision::GiveUp(GiveUp::NotRetryable);
+        }
+        Class::Capacity | Class::Transient => {}
+    }
+    if s.chained {
+        return Decision::GiveUp(GiveUp::Chained);
+    }
+    if outcome.hints.should_retry == Some(false) && rule.is_none() {
+        return Decision::GiveUp(GiveUp::ProviderSaidNo);
+    }
+    let max_attempts = rule
+        .and_then(|r| r.max_attempts)
+        .unwrap_or(s.policy.max_attempts);
+    if s.attempts >= max_attempts {
+        return Decision::GiveUp(GiveUp::Exhausted);
+    }
+    let (wait, source) = match (outcome.hints.retry_after, rule.and_then(|r| r.delay)) {
+        (Some(hint), _) => (hint, outcome.hints.source.unwrap_or("hint")),
+        (None, Some(delay)) => (delay, "rule"),
+        (None, None) => (backoff(s.attempts, s.policy, s.jitter), "backoff"),
+    };
+    // The budget limits blind retries; a wait the provider or the operator
+    // asked for is already paced.
+    if source == "backoff" && !s.budget_ok {
+        return Decision::GiveUp(GiveUp::BudgetSpent);
+    }
+    if wait >= s.remaining {
+        return Decision::GiveUp(GiveUp::BeyondDeadline { wait });
+    }
+    Decision::Retry { wait, source }
+}
+
+/// Exponential backoff with full jitter: after attempt `n`, a wait drawn
+/// uniformly between `base_delay` and `min(max_delay, base_delay·2^(n-1))`.
+pub fn backoff(attempts: u32, policy: &Policy, jitter: f64) -> Duration {
+    let base = policy.base_delay;
+    let step = base.saturating_mul(1u32 << attempts.saturating_sub(1).min(20));
+    let cap = step.min(policy.max_delay).max(base);
+    let spread = cap - base;
+    base + spread.mul_f64(jitter.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod tests;
