@@ -18,9 +18,7 @@ pub enum GatewayError {
     #[error("{0}")]
     BadRequest(String),
     /// Missing or unknown client key.
-    #[error(
-        "missing or invalid API key for this gateway (send Authorization: Bearer <key> or x-api-key)"
-    )]
+    #[error("missing or invalid API key for this gateway (send Authorization: Bearer <key> or x-api-key)")]
     Unauthorized,
     /// The alias is not configured for this endpoint.
     #[error("{0}")]
@@ -34,49 +32,40 @@ pub enum GatewayError {
     /// Endpoint that tidegate does not serve.
     #[error("no such endpoint: {0}")]
     NoRoute(String),
-    /// Could not connect or the connection failed before an answer.
-    #[error("upstream {upstream} is unreachable: {detail}")]
-    Unreachable {
-        /// Upstream name.
-        upstream: String,
-        /// What went wrong (no secrets: transport errors only).
-        detail: String,
+    /// Retrying stopped: capacity or transient failures outlasted the
+    /// attempts, the budget or the deadline. The message says what was
+    /// tried and what the provider said.
+    #[error("{message}")]
+    GaveUp {
+        /// Status that tells the truth (429, 503, 502, 504).
+        status: StatusCode,
+        /// Protocol error kind.
+        kind: ErrorKind,
+        /// The whole account.
+        message: String,
+        /// When coming back may help.
+        retry_after: Option<std::time::Duration>,
+        /// Add `x-should-retry: false` so SDKs do not retry on top.
+        stop_client_retries: bool,
     },
-    /// No response headers within `header_timeout`.
-    #[error("upstream {upstream} sent no response within {timeout:?}")]
-    UpstreamTimeout {
-        /// Upstream name.
-        upstream: String,
-        /// The limit that was spent.
-        timeout: std::time::Duration,
-    },
+    /// `x-tidegate-deadline` is not a duration.
+    #[error("x-tidegate-deadline: {0:?} is not a duration like 30s")]
+    BadDeadline(String),
 }
 
 impl GatewayError {
     /// Status and protocol error kind; the single place that decides both.
     fn status_kind(&self) -> (StatusCode, ErrorKind, Option<&'static str>) {
         match self {
-            GatewayError::BadRequest(_) => {
-                (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None)
+            GatewayError::BadRequest(_) => (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None),
+            GatewayError::Unauthorized => {
+                (StatusCode::UNAUTHORIZED, ErrorKind::Authentication, Some("invalid_api_key"))
             }
-            GatewayError::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                ErrorKind::Authentication,
-                Some("invalid_api_key"),
-            ),
-            GatewayError::UnknownModel(_) => (
-                StatusCode::NOT_FOUND,
-                ErrorKind::NotFound,
-                Some("model_not_found"),
-            ),
-            GatewayError::TooLarge { .. } => {
-                (StatusCode::PAYLOAD_TOO_LARGE, ErrorKind::TooLarge, None)
-            }
+            GatewayError::UnknownModel(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, Some("model_not_found")),
+            GatewayError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, ErrorKind::TooLarge, None),
             GatewayError::NoRoute(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, None),
-            GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, ErrorKind::Api, None),
-            GatewayError::UpstreamTimeout { .. } => {
-                (StatusCode::GATEWAY_TIMEOUT, ErrorKind::Timeout, None)
-            }
+            GatewayError::GaveUp { status, kind, .. } => (*status, *kind, Some("upstream_unavailable")),
+            GatewayError::BadDeadline(_) => (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None),
         }
     }
 
@@ -91,10 +80,18 @@ impl GatewayError {
         let body = protocol::error_body(protocol, kind, &format!("tidegate: {self}"), code);
         let mut resp = Response::new(Body::from(body));
         *resp.status_mut() = status;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        let headers = resp.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let GatewayError::GaveUp { retry_after, stop_client_retries, .. } = &self {
+            if let Some(wait) = retry_after {
+                // Whole seconds, rounded up: never tell a client to come back early.
+                let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            }
+            if *stop_client_retries {
+                headers.insert("x-should-retry", HeaderValue::from_static("false"));
+            }
+        }
         resp
     }
 }

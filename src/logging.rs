@@ -63,10 +63,7 @@ impl BatchWriter {
                     }
                     let dropped = bg.dropped.swap(0, Ordering::Relaxed);
                     if dropped > 0 {
-                        let _ = writeln!(
-                            out,
-                            "tidegate: {dropped} log lines dropped (stderr too slow)"
-                        );
+                        let _ = writeln!(out, "tidegate: {dropped} log lines dropped (stderr too slow)");
                     }
                     if !spare.is_empty() {
                         let _ = out.write_all(&spare);
@@ -79,12 +76,7 @@ impl BatchWriter {
                 }
             })
             .ok();
-        (
-            BatchWriter {
-                shared: shared.clone(),
-            },
-            FlushGuard { shared, thread },
-        )
+        (BatchWriter { shared: shared.clone() }, FlushGuard { shared, thread })
     }
 }
 
@@ -128,9 +120,7 @@ impl<'a> MakeWriter<'a> for BatchWriter {
     type Writer = LineWriter<'a>;
 
     fn make_writer(&'a self) -> LineWriter<'a> {
-        LineWriter {
-            shared: &self.shared,
-        }
+        LineWriter { shared: &self.shared }
     }
 }
 
@@ -156,10 +146,7 @@ mod tests {
         let sink = Sink::default();
         let (writer, guard) = BatchWriter::start(sink.clone());
         for i in 0..1000 {
-            writer
-                .make_writer()
-                .write_all(format!("line {i}\n").as_bytes())
-                .unwrap();
+            writer.make_writer().write_all(format!("line {i}\n").as_bytes()).unwrap();
         }
         drop(guard);
         let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();

@@ -10,11 +10,7 @@ use tidegate::config::{Config, DEFAULT_CONFIG};
 use tidegate::simulate::{SimConfig, Simulator};
 
 #[derive(Parser)]
-#[command(
-    name = "tidegate",
-    version,
-    about = "LLM gateway that absorbs provider capacity errors"
-)]
+#[command(name = "tidegate", version, about = "LLM gateway that absorbs provider capacity errors")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -57,17 +53,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve {
-            config,
-            workers,
-            listen,
-        } => serve(&config, workers, listen),
+        Command::Serve { config, workers, listen } => serve(&config, workers, listen),
         Command::Check { config } => return check(&config),
-        Command::Simulate {
-            listen,
-            config,
-            workers,
-        } => simulate(listen, config.as_deref(), workers),
+        Command::Simulate { listen, config, workers } => simulate(listen, config.as_deref(), workers),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -112,10 +100,7 @@ fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
         }
         b
     };
-    builder
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
+    builder.enable_all().build().context("cannot start the async runtime")
 }
 
 fn init_logging() -> tidegate::logging::FlushGuard {
@@ -124,11 +109,7 @@ fn init_logging() -> tidegate::logging::FlushGuard {
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(writer)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(writer).init();
     guard
 }
 
@@ -140,18 +121,11 @@ fn serve(path: &Path, workers: Option<usize>, listen: Option<SocketAddr>) -> any
         tracing::info!(path = %path.display(), "no config found: wrote a commented default config; edit it to add your upstreams");
     }
     let mut config = Config::load(path).map_err(|err| {
-        anyhow::anyhow!(
-            "{} is not valid (run `tidegate check --config {}`):\n{err}",
-            path.display(),
-            path.display()
-        )
+        anyhow::anyhow!("{} is not valid (run `tidegate check --config {}`):\n{err}", path.display(), path.display())
     })?;
     if let Some(listen) = listen {
         if config.client_keys.is_empty() && !listen.ip().is_loopback() {
-            anyhow::bail!(
-                "refusing to listen on {listen} without client_keys: add client_keys to {}",
-                path.display()
-            );
+            anyhow::bail!("refusing to listen on {listen} without client_keys: add client_keys to {}", path.display());
         }
         config.listen = listen;
     }
@@ -180,8 +154,7 @@ fn simulate(listen: SocketAddr, config: Option<&Path>, workers: usize) -> anyhow
     let sim_config = match config {
         None => SimConfig::default(),
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
             yaml_serde::from_str(&text)
                 .with_context(|| format!("{} is not a valid simulator config", path.display()))?
         }
@@ -202,14 +175,13 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

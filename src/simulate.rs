@@ -47,6 +47,43 @@ pub struct Behavior {
     pub error_body: String,
     /// Content type sent with `status`.
     pub error_content_type: String,
+    /// Answers for the first requests to this model, in order; once used
+    /// up, the behaviour above applies.
+    pub script: Vec<Fault>,
+}
+
+/// One scripted answer.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    /// HTTP status.
+    pub status: u16,
+    /// Body.
+    #[serde(default)]
+    pub body: String,
+    /// Content type.
+    #[serde(default = "json")]
+    pub content_type: String,
+    /// Extra response headers (`retry-after`, `x-should-retry`, ...).
+    #[serde(default)]
+    pub headers: HashMap<String, String>,
+}
+
+fn json() -> String {
+    "application/json".into()
+}
+
+impl Fault {
+    /// A fault with status and body, JSON content type, no headers.
+    pub fn new(status: u16, body: &str) -> Self {
+        Self { status, body: body.into(), content_type: json(), headers: HashMap::new() }
+    }
+
+    /// Adds a response header.
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
 }
 
 impl Default for Behavior {
@@ -58,6 +95,7 @@ impl Default for Behavior {
             status: None,
             error_body: String::new(),
             error_content_type: "application/json".into(),
+            script: Vec::new(),
         }
     }
 }
@@ -83,6 +121,8 @@ pub struct Received {
     pub headers: HeaderMap,
     /// Exact body bytes.
     pub body: Bytes,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 /// Counters and recordings, readable while the simulator runs.
@@ -90,6 +130,7 @@ pub struct Received {
 pub struct SimState {
     config: SimConfig,
     received: Mutex<Vec<Received>>,
+    served: Mutex<HashMap<String, usize>>,
     /// Requests being answered right now.
     pub in_flight: AtomicUsize,
     /// Highest `in_flight` seen.
@@ -127,10 +168,7 @@ impl Simulator {
     pub fn start(addr: SocketAddr, config: SimConfig) -> std::io::Result<Simulator> {
         let listener = listen::bind(addr)?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(SimState {
-            config,
-            ..Default::default()
-        });
+        let state = Arc::new(SimState { config, ..Default::default() });
         let app = Router::new()
             .route("/v1/chat/completions", post(openai))
             .route("/v1/messages", post(anthropic))
@@ -184,11 +222,7 @@ impl Flight {
 impl Drop for Flight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
-        let counter = if self.done {
-            &self.state.completed
-        } else {
-            &self.state.cancelled
-        };
+        let counter = if self.done { &self.state.completed } else { &self.state.cancelled };
         counter.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -196,45 +230,48 @@ impl Drop for Flight {
 async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Response {
     let flight = Flight::new(state.clone());
     let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     if state.config.record {
         if let Ok(mut r) = state.received.lock() {
             r.push(Received {
                 path: parts.uri.path().to_owned(),
                 headers: parts.headers,
                 body: body.clone(),
+                at: std::time::Instant::now(),
             });
         }
     }
     let Ok(head) = protocol::peek(&body) else {
         flight.finish();
-        return respond(
-            StatusCode::BAD_REQUEST,
-            "application/json",
-            Body::from(r#"{"error":{"message":"bad json"}}"#),
-        );
+        return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(r#"{"error":{"message":"bad json"}}"#));
     };
-    let behavior = state
-        .config
-        .models
-        .get(&head.model)
-        .unwrap_or(&state.config.default)
-        .clone();
+    let behavior = state.config.models.get(&head.model).unwrap_or(&state.config.default);
+    let nth = match state.served.lock() {
+        Ok(mut served) => {
+            let n = served.entry(head.model.clone()).or_insert(0);
+            *n += 1;
+            *n - 1
+        }
+        Err(_) => 0,
+    };
     if behavior.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(behavior.latency_ms)).await;
+    }
+    if let Some(fault) = behavior.script.get(nth) {
+        flight.finish();
+        let status = StatusCode::from_u16(fault.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = respond(status, &fault.content_type, Body::from(fault.body.clone()));
+        for (k, v) in &fault.headers {
+            if let (Ok(k), Ok(v)) = (http::HeaderName::try_from(k.as_str()), http::HeaderValue::try_from(v.as_str())) {
+                resp.headers_mut().insert(k, v);
+            }
+        }
+        return resp;
     }
     if let Some(status) = behavior.status {
         flight.finish();
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return respond(
-            status,
-            &behavior.error_content_type,
-            Body::from(behavior.error_body.clone()),
-        );
+        return respond(status, &behavior.error_content_type, Body::from(behavior.error_body.clone()));
     }
     if head.stream {
         let frames = sse_frames(protocol, &head.model, behavior.chunks);
@@ -247,11 +284,7 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
         return respond(StatusCode::OK, "text/event-stream", Body::new(body));
     }
     flight.finish();
-    respond(
-        StatusCode::OK,
-        "application/json",
-        Body::from(json_answer(protocol, &head.model, behavior.chunks)),
-    )
+    respond(StatusCode::OK, "application/json", Body::from(json_answer(protocol, &head.model, behavior.chunks)))
 }
 
 fn respond(status: StatusCode, content_type: &str, body: Body) -> Response {
@@ -295,26 +328,21 @@ pub fn sse_frames(protocol: Protocol, model: &str, chunks: usize) -> Vec<Bytes> 
                     "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
                 Bytes::from(format!("data: {v}\n\n"))
             };
-            out.push(chunk(
-                serde_json::json!({"role": "assistant", "content": ""}),
-                None,
-            ));
+            out.push(chunk(serde_json::json!({"role": "assistant", "content": ""}), None));
             for i in 0..chunks {
-                out.push(chunk(
-                    serde_json::json!({"content": format!("tok{i} ")}),
-                    None,
-                ));
+                out.push(chunk(serde_json::json!({"content": format!("tok{i} ")}), None));
             }
             out.push(chunk(serde_json::json!({}), Some("stop")));
             out.push(Bytes::from_static(b"data: [DONE]\n\n"));
         }
         Protocol::Anthropic => {
-            let event = |name: &str, v: serde_json::Value| {
-                Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
-            };
-            out.push(event("message_start", serde_json::json!({"type": "message_start", "message": {
+            let event = |name: &str, v: serde_json::Value| Bytes::from(format!("event: {name}\ndata: {v}\n\n"));
+            out.push(event(
+                "message_start",
+                serde_json::json!({"type": "message_start", "message": {
                 "id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})));
+                "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+            ));
             out.push(event(
                 "content_block_start",
                 serde_json::json!({"type": "content_block_start", "index": 0,
@@ -328,16 +356,13 @@ pub fn sse_frames(protocol: Protocol, model: &str, chunks: usize) -> Vec<Bytes> 
                     "delta": {"type": "text_delta", "text": format!("tok{i} ")}}),
                 ));
             }
+            out.push(event("content_block_stop", serde_json::json!({"type": "content_block_stop", "index": 0})));
             out.push(event(
-                "content_block_stop",
-                serde_json::json!({"type": "content_block_stop", "index": 0}),
+                "message_delta",
+                serde_json::json!({"type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": chunks}}),
             ));
-            out.push(event("message_delta", serde_json::json!({"type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": chunks}})));
-            out.push(event(
-                "message_stop",
-                serde_json::json!({"type": "message_stop"}),
-            ));
+            out.push(event("message_stop", serde_json::json!({"type": "message_stop"})));
         }
     }
     out
@@ -356,10 +381,7 @@ impl http_body::Body for SseBody {
     type Data = Bytes;
     type Error = std::convert::Infallible;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
         if let Some(sleep) = this.sleep.as_mut() {
             if sleep.as_mut().poll(cx).is_pending() {

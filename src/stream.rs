@@ -39,12 +39,7 @@ pub struct RelayBody {
 impl RelayBody {
     /// Wraps `inner`; `idle` is the longest allowed gap between frames.
     pub fn new(inner: Incoming, idle: Duration) -> Self {
-        Self {
-            inner,
-            idle,
-            last_frame: Instant::now(),
-            timer: None,
-        }
+        Self { inner, idle, last_frame: Instant::now(), timer: None }
     }
 }
 
@@ -52,10 +47,7 @@ impl Body for RelayBody {
     type Data = Bytes;
     type Error = BodyError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
@@ -65,9 +57,7 @@ impl Body for RelayBody {
             Poll::Pending => {}
         }
         let deadline = this.last_frame + this.idle;
-        let timer = this
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         if timer.deadline() != deadline {
             timer.as_mut().reset(deadline);
         }

@@ -16,6 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::UpstreamConfig;
 use crate::protocol::Protocol;
+use crate::retry::RetryBudget;
 
 /// Upstream read buffer. hyper's default adaptive buffer starts at 8 KiB
 /// per connection; LLM answers arrive as small SSE events or one modest
@@ -40,10 +41,15 @@ const FORWARDED: &[&str] = &[
     "idempotency-key",
 ];
 
+/// Marks a request that already passed through a tidegate.
+pub const HOP_HEADER: &str = "x-tidegate-hop";
+
 /// An upstream ready to take requests.
 pub struct Upstream {
     /// Its configuration.
     pub config: UpstreamConfig,
+    /// Retry budget shared by every request to this upstream.
+    pub budget: RetryBudget,
     client: HttpClient,
     uri: Uri,
     auth: Option<(HeaderName, HeaderValue)>,
@@ -73,29 +79,18 @@ pub enum BuildError {
 
 impl Upstream {
     /// Builds the client and precomputes the request URI and auth header.
-    pub fn new(config: UpstreamConfig) -> Result<Self, BuildError> {
-        let uri: Uri = format!(
-            "{}{}",
-            config.base_url.as_str().trim_end_matches('/'),
-            config.protocol.upstream_path()
-        )
-        .parse()
-        .map_err(|_| BuildError::Url(config.name.clone()))?;
+    pub fn new(config: UpstreamConfig, budget: RetryBudget) -> Result<Self, BuildError> {
+        let uri: Uri = format!("{}{}", config.base_url.as_str().trim_end_matches('/'), config.protocol.upstream_path())
+            .parse()
+            .map_err(|_| BuildError::Url(config.name.clone()))?;
         let auth = if config.api_key.is_empty() {
             None
         } else {
             let (name, value) = match config.protocol {
-                Protocol::OpenAi => (
-                    header::AUTHORIZATION,
-                    format!("Bearer {}", config.api_key.expose()),
-                ),
-                Protocol::Anthropic => (
-                    HeaderName::from_static("x-api-key"),
-                    config.api_key.expose().to_owned(),
-                ),
+                Protocol::OpenAi => (header::AUTHORIZATION, format!("Bearer {}", config.api_key.expose())),
+                Protocol::Anthropic => (HeaderName::from_static("x-api-key"), config.api_key.expose().to_owned()),
             };
-            let mut value =
-                HeaderValue::try_from(value).map_err(|_| BuildError::Key(config.name.clone()))?;
+            let mut value = HeaderValue::try_from(value).map_err(|_| BuildError::Key(config.name.clone()))?;
             value.set_sensitive(true);
             Some((name, value))
         };
@@ -111,19 +106,10 @@ impl Upstream {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(if config.connection_close {
-                0
-            } else {
-                usize::MAX
-            })
+            .pool_max_idle_per_host(if config.connection_close { 0 } else { usize::MAX })
             .http1_read_buf_exact_size(READ_BUF)
             .build(https);
-        Ok(Self {
-            config,
-            client,
-            uri,
-            auth,
-        })
+        Ok(Self { budget, config, client, uri, auth })
     }
 
     /// The upstream request for a client request: same body bytes, this
@@ -139,13 +125,9 @@ impl Upstream {
             }
         }
         if !headers.contains_key(header::CONTENT_TYPE) {
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
-        if self.config.protocol == Protocol::Anthropic && !headers.contains_key("anthropic-version")
-        {
+        if self.config.protocol == Protocol::Anthropic && !headers.contains_key("anthropic-version") {
             headers.insert("anthropic-version", self.config.anthropic_version.clone());
         }
         if let Some((name, value)) = &self.auth {
@@ -157,12 +139,14 @@ impl Upstream {
         if self.config.connection_close {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        // Tells a tidegate behind this one that we do the retrying.
+        headers.insert(HOP_HEADER, HeaderValue::from_static("1"));
         req
     }
 
-    /// Sends a request and waits for the response headers (not the body).
-    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, SendError> {
-        let timeout = self.config.header_timeout;
+    /// Sends a request and waits up to `timeout` for the response headers
+    /// (not the body).
+    pub async fn send(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Response<Incoming>, SendError> {
         match tokio::time::timeout(timeout, self.client.request(req)).await {
             Err(_) => Err(SendError::Timeout(timeout)),
             Ok(Err(err)) => Err(SendError::Transport(describe(&err))),

@@ -14,20 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
 async fn disconnect_while_waiting_for_headers_cancels_upstream() {
-    let sim = sim(&[(
-        "slow",
-        Behavior {
-            latency_ms: 30_000,
-            ..Default::default()
-        },
-    )]);
-    let gw = gateway(&yaml(
-        &sim,
-        "",
-        "",
-        "  slow:\n    targets: [{ upstream: sim-openai }]",
-    ))
-    .await;
+    let sim = sim(&[("slow", Behavior { latency_ms: 30_000, ..Default::default() })]);
+    let gw = gateway(&yaml(&sim, "", "", "  slow:\n    targets: [{ upstream: sim-openai }]")).await;
     let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let body = r#"{"model":"slow"}"#;
     let req = format!(
@@ -35,82 +23,43 @@ async fn disconnect_while_waiting_for_headers_cancels_upstream() {
         body.len()
     );
     conn.write_all(req.as_bytes()).await.unwrap();
-    eventually("upstream request in flight", || {
-        sim.state.in_flight.load(SeqCst) == 1
-    })
-    .await;
+    eventually("upstream request in flight", || sim.state.in_flight.load(SeqCst) == 1).await;
     drop(conn);
-    eventually("upstream sees the cancellation", || {
-        sim.state.cancelled.load(SeqCst) == 1
-    })
-    .await;
+    eventually("upstream sees the cancellation", || sim.state.cancelled.load(SeqCst) == 1).await;
     assert_eq!(sim.state.in_flight.load(SeqCst), 0);
     assert_serves(&gw).await;
 }
 
 #[tokio::test]
 async fn disconnect_mid_stream_cancels_upstream() {
-    let sim = sim(&[(
-        "claude",
-        Behavior {
-            chunks: 500,
-            chunk_delay_ms: 50,
-            ..Default::default()
-        },
-    )]);
+    let sim = sim(&[("claude", Behavior { chunks: 500, chunk_delay_ms: 50, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
-    let resp = client()
-        .post(url(&gw, "/v1/messages"))
-        .body(r#"{"model":"claude","stream":true}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp =
+        client().post(url(&gw, "/v1/messages")).body(r#"{"model":"claude","stream":true}"#).send().await.unwrap();
     let mut stream = resp.bytes_stream();
     stream.next().await.unwrap().unwrap();
     drop(stream);
-    eventually("upstream sees the cancellation", || {
-        sim.state.cancelled.load(SeqCst) == 1
-    })
-    .await;
+    eventually("upstream sees the cancellation", || sim.state.cancelled.load(SeqCst) == 1).await;
     assert_eq!(sim.state.completed.load(SeqCst), 0);
     assert_serves(&gw).await;
 }
 
 #[tokio::test]
 async fn silent_stream_is_cut_after_idle_timeout() {
-    let sim = sim(&[(
-        "real-gpt",
-        Behavior {
-            chunks: 3,
-            chunk_delay_ms: 5_000,
-            ..Default::default()
-        },
-    )]);
+    let sim = sim(&[("real-gpt", Behavior { chunks: 3, chunk_delay_ms: 5_000, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "    stream_idle_timeout: 300ms", "")).await;
     let started = Instant::now();
     let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let body = r#"{"model":"gpt","stream":true}"#;
-    let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len());
     conn.write_all(req.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(4), conn.read_to_end(&mut raw)).await;
     assert!(read.is_ok(), "the gateway kept a silent stream open");
     let text = String::from_utf8_lossy(&raw);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(
-        text.contains("chat.completion.chunk"),
-        "first chunk missing: {text}"
-    );
-    assert!(
-        !text.contains("0\r\n\r\n"),
-        "an idle cut must not look like a clean end: {text}"
-    );
+    assert!(text.contains("chat.completion.chunk"), "first chunk missing: {text}");
+    assert!(!text.contains("0\r\n\r\n"), "an idle cut must not look like a clean end: {text}");
     assert!(started.elapsed() < Duration::from_secs(4));
-    eventually("upstream sees the cancellation", || {
-        sim.state.cancelled.load(SeqCst) == 1
-    })
-    .await;
+    eventually("upstream sees the cancellation", || sim.state.cancelled.load(SeqCst) == 1).await;
 }

@@ -58,10 +58,7 @@ models:
         "models.empty.targets: at least one target is required",
     ];
     for w in want {
-        assert!(
-            p.iter().any(|line| line.starts_with(w)),
-            "missing {w:?} in {p:#?}"
-        );
+        assert!(p.iter().any(|line| line.starts_with(w)), "missing {w:?} in {p:#?}");
     }
 }
 
@@ -70,10 +67,7 @@ fn unknown_fields_and_type_errors_name_the_field() {
     let text = VALID.replace("api_key: \"${SET}\" }", "api_key: x, max_concurent: 3 }");
     let p = problems(&text);
     assert_eq!(p.len(), 1, "{p:?}");
-    assert!(
-        p[0].starts_with("upstreams[0].max_concurent: unknown field `max_concurent`"),
-        "{p:?}"
-    );
+    assert!(p[0].starts_with("upstreams[0].max_concurent: unknown field `max_concurent`"), "{p:?}");
     let p = problems(&format!("workers: many\n{VALID}"));
     assert!(p[0].starts_with("workers: invalid type"), "{p:?}");
 }
@@ -82,23 +76,13 @@ fn unknown_fields_and_type_errors_name_the_field() {
 fn missing_environment_variable_is_named() {
     let p = problems(&VALID.replace("${SET}", "${OPENAI_KEY_FOR_TEST}"));
     assert_eq!(p.len(), 1, "{p:?}");
-    assert!(
-        p[0].contains("upstreams[0].api_key") && p[0].contains("OPENAI_KEY_FOR_TEST"),
-        "{p:?}"
-    );
+    assert!(p[0].contains("upstreams[0].api_key") && p[0].contains("OPENAI_KEY_FOR_TEST"), "{p:?}");
 }
 
 #[test]
 fn targets_of_one_alias_must_share_a_protocol() {
-    let p = problems(&VALID.replace(
-        "targets: [{ upstream: b }]",
-        "targets: [{ upstream: b }, { upstream: a }]",
-    ));
-    assert!(
-        p.iter()
-            .any(|l| l.starts_with("models.c.targets[1]: upstream \"a\" speaks openai")),
-        "{p:?}"
-    );
+    let p = problems(&VALID.replace("targets: [{ upstream: b }]", "targets: [{ upstream: b }, { upstream: a }]"));
+    assert!(p.iter().any(|l| l.starts_with("models.c.targets[1]: upstream \"a\" speaks openai")), "{p:?}");
 }
 
 #[test]
@@ -116,32 +100,14 @@ fn check_command_exits_2_with_paths() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.yaml");
     std::fs::write(&path, VALID.replace("https://api.example.org", "ftp:/x")).unwrap();
-    let out = bin()
-        .args(["check", "--config"])
-        .arg(&path)
-        .env("SET", "1")
-        .output()
-        .unwrap();
+    let out = bin().args(["check", "--config"]).arg(&path).env("SET", "1").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("upstreams[1].base_url: \"ftp:/x\" is not a URL"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("upstreams[1].base_url: \"ftp:/x\" is not a URL"), "{stderr}");
 
     std::fs::write(&path, VALID).unwrap();
-    let out = bin()
-        .args(["check", "--config"])
-        .arg(&path)
-        .env("SET", "1")
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = bin().args(["check", "--config"]).arg(&path).env("SET", "1").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
@@ -176,10 +142,6 @@ fn serve_writes_a_default_config_and_starts() {
     assert!(seen.contains("tidegate listening"), "{seen}");
     let written = std::fs::read_to_string(&path).unwrap();
     assert!(written.contains("${OPENAI_API_KEY:-}") && written.contains("${ANTHROPIC_API_KEY:-}"));
-    let out = bin()
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = bin().args(["check", "--config"]).arg(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "default config must pass check");
 }

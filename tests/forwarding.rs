@@ -40,12 +40,7 @@ async fn openai_renames_model_and_keeps_every_other_byte() {
     assert_eq!(h["openai-organization"], "org-1");
     assert!(h.get("cookie").is_none());
     for (_, value) in h {
-        assert!(
-            !value
-                .to_str()
-                .unwrap_or("")
-                .contains("client-key-should-not-travel")
-        );
+        assert!(!value.to_str().unwrap_or("").contains("client-key-should-not-travel"));
     }
 }
 
@@ -54,12 +49,7 @@ async fn unchanged_model_name_sends_identical_bytes() {
     let sim = sim(&[]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
     let body = "{\n  \"model\": \"claude\",\n  \"max_tokens\": 10,\n  \"messages\": [{\"role\":\"user\",\"content\":\"hi\"}]\n}";
-    let resp = client()
-        .post(url(&gw, "/v1/messages"))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let resp = client().post(url(&gw, "/v1/messages")).body(body).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["type"], "message");
@@ -68,13 +58,7 @@ async fn unchanged_model_name_sends_identical_bytes() {
 
 #[tokio::test]
 async fn anthropic_stream_is_relayed_byte_for_byte_with_protocol_headers() {
-    let sim = sim(&[(
-        "claude",
-        Behavior {
-            chunks: 12,
-            ..Default::default()
-        },
-    )]);
+    let sim = sim(&[("claude", Behavior { chunks: 12, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
     let body = r#"{"model":"claude","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let resp = client()
@@ -107,23 +91,13 @@ async fn anthropic_stream_is_relayed_byte_for_byte_with_protocol_headers() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap();
-    assert_eq!(
-        sim.state.received()[1].headers["anthropic-version"],
-        "2099-12-31"
-    );
+    assert_eq!(sim.state.received()[1].headers["anthropic-version"], "2099-12-31");
 }
 
 #[tokio::test]
 async fn openai_stream_arrives_chunk_by_chunk() {
     // 10 chunks 300 ms apart: a buffering proxy would deliver nothing for 3 s.
-    let sim = sim(&[(
-        "real-gpt",
-        Behavior {
-            chunks: 10,
-            chunk_delay_ms: 300,
-            ..Default::default()
-        },
-    )]);
+    let sim = sim(&[("real-gpt", Behavior { chunks: 10, chunk_delay_ms: 300, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
     let started = Instant::now();
     let resp = client()
@@ -141,14 +115,8 @@ async fn openai_stream_arrives_chunk_by_chunk() {
         received.extend_from_slice(&chunk.unwrap());
     }
     let total = started.elapsed();
-    assert!(
-        first_at < Duration::from_millis(1500),
-        "first chunk took {first_at:?}"
-    );
-    assert!(
-        total >= Duration::from_millis(2700),
-        "stream ended too early: {total:?}"
-    );
+    assert!(first_at < Duration::from_millis(1500), "first chunk took {first_at:?}");
+    assert!(total >= Duration::from_millis(2700), "stream ended too early: {total:?}");
     let expected: Vec<u8> = sse_frames(Protocol::OpenAi, "real-gpt", 10).concat();
     assert_eq!(received, expected);
 }
@@ -159,12 +127,7 @@ async fn static_headers_and_connection_close_reach_the_upstream() {
     let extra = "    connection_close: true\n    headers: { Session-Id: stable-42 }";
     let gw = gateway(&yaml(&sim, "", extra, "")).await;
     for _ in 0..2 {
-        let resp = client()
-            .post(url(&gw, "/v1/chat/completions"))
-            .body(r#"{"model":"gpt"}"#)
-            .send()
-            .await
-            .unwrap();
+        let resp = client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"gpt"}"#).send().await.unwrap();
         assert_eq!(resp.status(), 200);
     }
     for r in sim.state.received() {
@@ -174,22 +137,15 @@ async fn static_headers_and_connection_close_reach_the_upstream() {
 }
 
 #[tokio::test]
-async fn upstream_errors_are_returned_verbatim() {
-    let body_3009 = r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#;
-    let html = "<html><body><h1>503 Service Temporarily Unavailable</h1></body></html>";
+async fn request_errors_are_returned_verbatim_after_one_attempt() {
+    let context = r#"{"error":{"message":"maximum context length is 128000 tokens","type":"invalid_request_error"}}"#;
+    let html = "<html><body><h1>422 Unprocessable</h1></body></html>";
     let sim = sim(&[
-        (
-            "real-gpt",
-            Behavior {
-                status: Some(429),
-                error_body: body_3009.into(),
-                ..Default::default()
-            },
-        ),
+        ("real-gpt", Behavior { status: Some(400), error_body: context.into(), ..Default::default() }),
         (
             "claude",
             Behavior {
-                status: Some(503),
+                status: Some(422),
                 error_body: html.into(),
                 error_content_type: "text/html".into(),
                 ..Default::default()
@@ -197,52 +153,26 @@ async fn upstream_errors_are_returned_verbatim() {
         ),
     ]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .body(r#"{"model":"gpt"}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 429);
+    let resp = client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"gpt"}"#).send().await.unwrap();
+    assert_eq!(resp.status(), 400);
     assert_eq!(resp.headers()["content-type"], "application/json");
     assert_eq!(resp.headers()["x-tidegate-upstream"], "sim-openai");
-    assert_eq!(resp.text().await.unwrap(), body_3009);
-    let resp = client()
-        .post(url(&gw, "/v1/messages"))
-        .body(r#"{"model":"claude"}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["x-tidegate-attempts"], "1");
+    assert_eq!(resp.text().await.unwrap(), context);
+    let resp = client().post(url(&gw, "/v1/messages")).body(r#"{"model":"claude"}"#).send().await.unwrap();
+    assert_eq!(resp.status(), 422);
     assert_eq!(resp.headers()["content-type"], "text/html");
     assert_eq!(resp.text().await.unwrap(), html);
+    assert_eq!(sim.state.received().len(), 2, "request errors are never retried");
 }
 
 #[tokio::test]
 async fn models_and_health_endpoints() {
     let sim = sim(&[]);
-    let gw = gateway(&yaml(
-        &sim,
-        "",
-        "",
-        "  gpt-mini:\n    targets: [{ upstream: sim-openai }]",
-    ))
-    .await;
-    let v: serde_json::Value = client()
-        .get(url(&gw, "/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let gw = gateway(&yaml(&sim, "", "", "  gpt-mini:\n    targets: [{ upstream: sim-openai }]")).await;
+    let v: serde_json::Value = client().get(url(&gw, "/v1/models")).send().await.unwrap().json().await.unwrap();
     assert_eq!(v["object"], "list");
-    let ids: Vec<&str> = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["gpt", "gpt-mini"]);
     let v: serde_json::Value = client()
         .get(url(&gw, "/v1/models"))

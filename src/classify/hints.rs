@@ -26,38 +26,20 @@ pub struct Hints {
 /// `x-ratelimit-reset-requests`/`-tokens` (`1s`, `6m0s`, `20ms`), then
 /// `anthropic-ratelimit-*-reset` (RFC 3339). Malformed values are ignored.
 pub fn from_headers(headers: &HeaderMap, now: Timestamp) -> Hints {
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     let should_retry = match text("x-should-retry") {
         Some(v) if v.eq_ignore_ascii_case("true") => Some(true),
         Some(v) if v.eq_ignore_ascii_case("false") => Some(false),
         _ => None,
     };
     let candidates: [(&'static str, Option<Duration>); 4] = [
-        (
-            "retry-after-ms",
-            text("retry-after-ms").and_then(parse_millis),
-        ),
-        (
-            "retry-after",
-            text("retry-after").and_then(|v| parse_retry_after(v, now)),
-        ),
+        ("retry-after-ms", text("retry-after-ms").and_then(parse_millis)),
+        ("retry-after", text("retry-after").and_then(|v| parse_retry_after(v, now))),
         ("x-ratelimit-reset", ratelimit_reset(&text)),
         ("anthropic-ratelimit-reset", anthropic_reset(headers, now)),
     ];
-    let found = candidates
-        .into_iter()
-        .find_map(|(source, wait)| wait.map(|w| (source, w)));
-    Hints {
-        should_retry,
-        retry_after: found.map(|(_, w)| w),
-        source: found.map(|(s, _)| s),
-        projected_reset: None,
-    }
+    let found = candidates.into_iter().find_map(|(source, wait)| wait.map(|w| (source, w)));
+    Hints { should_retry, retry_after: found.map(|(_, w)| w), source: found.map(|(s, _)| s), projected_reset: None }
 }
 
 fn parse_millis(v: &str) -> Option<Duration> {
@@ -96,10 +78,7 @@ fn ratelimit_reset<'a>(text: &dyn Fn(&str) -> Option<&'a str>) -> Option<Duratio
 fn anthropic_reset(headers: &HeaderMap, now: Timestamp) -> Option<Duration> {
     let kinds = ["requests", "tokens", "input-tokens", "output-tokens"];
     let found = kinds.iter().filter_map(|kind| {
-        let reset = headers
-            .get(format!("anthropic-ratelimit-{kind}-reset"))?
-            .to_str()
-            .ok()?;
+        let reset = headers.get(format!("anthropic-ratelimit-{kind}-reset"))?.to_str().ok()?;
         let at: Timestamp = reset.trim().parse().ok()?;
         let remaining = headers.get(format!("anthropic-ratelimit-{kind}-remaining"));
         let exhausted = remaining.and_then(|v| v.to_str().ok()) == Some("0");
@@ -123,17 +102,13 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
     }
     let mut total = 0f64;
     while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         if num_len == 0 {
             return None;
         }
         let n: f64 = rest[..num_len].parse().ok()?;
         rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
         let secs = match &rest[..unit_len] {
             "h" => 3600.0,
             "m" => 60.0,
@@ -168,9 +143,7 @@ pub fn projected_reset(body: &str, now: Timestamp) -> Option<Timestamp> {
 }
 
 fn parse_wall_time(text: &str, now: Timestamp) -> Option<Timestamp> {
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let mut hour: i8 = text.get(..digits)?.parse().ok()?;
     let mut rest = &text[digits..];
     let mut minute: i8 = 0;
@@ -199,10 +172,7 @@ fn parse_wall_time(text: &str, now: Timestamp) -> Option<Timestamp> {
     if !(0..24).contains(&hour) || !(0..60).contains(&minute) {
         return None;
     }
-    let zone = rest
-        .trim_start()
-        .strip_prefix('(')
-        .and_then(|z| z.split(')').next());
+    let zone = rest.trim_start().strip_prefix('(').and_then(|z| z.split(')').next());
     let tz = match zone {
         Some(name) => TimeZone::get(name.trim()).ok()?,
         None => TimeZone::UTC,
@@ -229,10 +199,7 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
+            h.append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
         }
         h
     }
@@ -243,40 +210,18 @@ mod tests {
             (&[], None, None),
             (&[("retry-after", "2")], Some(2000), Some("retry-after")),
             (&[("retry-after", "1.5")], Some(1500), Some("retry-after")),
+            (&[("retry-after", "Sun, 29 Nov 2026 12:00:30 GMT")], Some(30_000), Some("retry-after")),
+            (&[("retry-after", "Sun, 29 Nov 2026 11:00:00 GMT")], Some(0), Some("retry-after")),
+            (&[("retry-after-ms", "250"), ("retry-after", "9")], Some(250), Some("retry-after-ms")),
             (
-                &[("retry-after", "Sun, 29 Nov 2026 12:00:30 GMT")],
-                Some(30_000),
-                Some("retry-after"),
-            ),
-            (
-                &[("retry-after", "Sun, 29 Nov 2026 11:00:00 GMT")],
-                Some(0),
-                Some("retry-after"),
-            ),
-            (
-                &[("retry-after-ms", "250"), ("retry-after", "9")],
-                Some(250),
-                Some("retry-after-ms"),
-            ),
-            (
-                &[
-                    ("retry-after", "soon"),
-                    ("x-ratelimit-reset-requests", "6m0s"),
-                ],
+                &[("retry-after", "soon"), ("x-ratelimit-reset-requests", "6m0s")],
                 Some(360_000),
                 Some("x-ratelimit-reset"),
             ),
             (&[("retry-after", "-3")], None, None),
+            (&[("x-ratelimit-reset-requests", "20ms")], Some(20), Some("x-ratelimit-reset")),
             (
-                &[("x-ratelimit-reset-requests", "20ms")],
-                Some(20),
-                Some("x-ratelimit-reset"),
-            ),
-            (
-                &[
-                    ("x-ratelimit-reset-requests", "1s"),
-                    ("x-ratelimit-reset-tokens", "6m0s"),
-                ],
+                &[("x-ratelimit-reset-requests", "1s"), ("x-ratelimit-reset-tokens", "6m0s")],
                 Some(360_000),
                 Some("x-ratelimit-reset"),
             ),
@@ -296,45 +241,25 @@ mod tests {
                 Some(7000),
                 Some("anthropic-ratelimit-reset"),
             ),
-            (
-                &[("anthropic-ratelimit-tokens-reset", "yesterday")],
-                None,
-                None,
-            ),
+            (&[("anthropic-ratelimit-tokens-reset", "yesterday")], None, None),
         ];
         for (pairs, want_ms, want_source) in cases {
             let h = from_headers(&headers(pairs), now());
-            assert_eq!(
-                h.retry_after.map(|d| d.as_millis() as u64),
-                *want_ms,
-                "{pairs:?}"
-            );
+            assert_eq!(h.retry_after.map(|d| d.as_millis() as u64), *want_ms, "{pairs:?}");
             assert_eq!(h.source, *want_source, "{pairs:?}");
         }
     }
 
     #[test]
     fn should_retry_header() {
-        assert_eq!(
-            from_headers(&headers(&[("x-should-retry", "false")]), now()).should_retry,
-            Some(false)
-        );
-        assert_eq!(
-            from_headers(&headers(&[("x-should-retry", "TRUE")]), now()).should_retry,
-            Some(true)
-        );
-        assert_eq!(
-            from_headers(&headers(&[("x-should-retry", "maybe")]), now()).should_retry,
-            None
-        );
+        assert_eq!(from_headers(&headers(&[("x-should-retry", "false")]), now()).should_retry, Some(false));
+        assert_eq!(from_headers(&headers(&[("x-should-retry", "TRUE")]), now()).should_retry, Some(true));
+        assert_eq!(from_headers(&headers(&[("x-should-retry", "maybe")]), now()).should_retry, None);
     }
 
     #[test]
     fn go_durations() {
-        assert_eq!(
-            parse_go_duration("1h2m3.5s"),
-            Some(Duration::from_millis(3_723_500))
-        );
+        assert_eq!(parse_go_duration("1h2m3.5s"), Some(Duration::from_millis(3_723_500)));
         assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
         assert_eq!(parse_go_duration(""), None);
         assert_eq!(parse_go_duration("5"), None);
@@ -345,26 +270,15 @@ mod tests {
     fn reset_text_in_body_becomes_an_instant() {
         let body = "You've hit your session limit · resets 3:20am (America/New_York)";
         // 12:00Z = 07:00 EST, so 3:20am is tomorrow: 08:20Z.
-        assert_eq!(
-            projected_reset(body, now()).unwrap().to_string(),
-            "2026-11-30T08:20:00Z"
-        );
+        assert_eq!(projected_reset(body, now()).unwrap().to_string(), "2026-11-30T08:20:00Z");
         // Before 3:20 local on the same day.
         let early: Timestamp = "2026-11-29T06:00:00Z".parse().unwrap(); // 01:00 EST
+        assert_eq!(projected_reset(body, early).unwrap().to_string(), "2026-11-29T08:20:00Z");
         assert_eq!(
-            projected_reset(body, early).unwrap().to_string(),
-            "2026-11-29T08:20:00Z"
-        );
-        assert_eq!(
-            projected_reset("limit resets at 15:20 (Europe/Paris).", now())
-                .unwrap()
-                .to_string(),
+            projected_reset("limit resets at 15:20 (Europe/Paris).", now()).unwrap().to_string(),
             "2026-11-29T14:20:00Z"
         );
-        assert_eq!(
-            projected_reset("resets 12pm", now()).unwrap().to_string(),
-            "2026-11-30T12:00:00Z"
-        );
+        assert_eq!(projected_reset("resets 12pm", now()).unwrap().to_string(), "2026-11-30T12:00:00Z");
         assert_eq!(projected_reset("nothing here", now()), None);
         assert_eq!(projected_reset("resets 3:20am (Mars/Olympus)", now()), None);
         assert_eq!(projected_reset("resets 99 times", now()), None);
@@ -376,15 +290,9 @@ mod tests {
         let before: Timestamp = "2026-03-08T05:00:00Z".parse().unwrap(); // 00:00 EST
         let body = "session limit · resets 3:20am (America/New_York)";
         // 03:20 EDT (UTC-4), not EST: 07:20Z.
-        assert_eq!(
-            projected_reset(body, before).unwrap().to_string(),
-            "2026-03-08T07:20:00Z"
-        );
+        assert_eq!(projected_reset(body, before).unwrap().to_string(), "2026-03-08T07:20:00Z");
         // 2:30am does not exist that day: the compatible reading is 03:30 EDT.
         let gap = "resets 2:30am (America/New_York)";
-        assert_eq!(
-            projected_reset(gap, before).unwrap().to_string(),
-            "2026-03-08T07:30:00Z"
-        );
+        assert_eq!(projected_reset(gap, before).unwrap().to_string(), "2026-03-08T07:30:00Z");
     }
 }

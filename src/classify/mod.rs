@@ -97,23 +97,11 @@ const CAPACITY_WORDS: &[&str] = &[
     "server is busy",
 ];
 
-const ENTITLEMENT_WORDS: &[&str] = &[
-    "insufficient_quota",
-    "billing",
-    "credit balance",
-    "payment required",
-    "no plan",
-];
+const ENTITLEMENT_WORDS: &[&str] = &["insufficient_quota", "billing", "credit balance", "payment required", "no plan"];
 
 /// Classifies an HTTP answer. `body` is the (bounded) error body; `now` is
 /// used for date-valued hints.
-pub fn classify(
-    status: StatusCode,
-    headers: &HeaderMap,
-    body: &[u8],
-    rules: &Rules,
-    now: Timestamp,
-) -> Outcome {
+pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8], rules: &Rules, now: Timestamp) -> Outcome {
     let text = String::from_utf8_lossy(body);
     let lower = text.to_ascii_lowercase();
     let mut hints = hints::from_headers(headers, now);
@@ -144,14 +132,7 @@ pub fn classify_transport(failure: &TransportFailure) -> Outcome {
         TransportFailure::Connection(s) => format!("connection failed: {s}"),
         TransportFailure::Timeout(s) => format!("timed out: {s}"),
     };
-    Outcome {
-        class: Class::Transient,
-        status: None,
-        hints: Hints::default(),
-        summary,
-        rule: None,
-        concurrency: false,
-    }
+    Outcome { class: Class::Transient, status: None, hints: Hints::default(), summary, rule: None, concurrency: false }
 }
 
 fn has_any(lower: &str, words: &[&str]) -> bool {
@@ -172,9 +153,7 @@ fn builtin(status: StatusCode, lower: &str, should_retry: Option<bool>) -> Class
         // Other 4xx are the request's fault unless the body carries a
         // protocol-level capacity type; wording alone is not trusted here
         // (an operator rule says when a vendor abuses 400 for "busy").
-        400..=499 if lower.contains("overloaded_error") || lower.contains("rate_limit_error") => {
-            Class::Capacity
-        }
+        400..=499 if lower.contains("overloaded_error") || lower.contains("rate_limit_error") => Class::Capacity,
         400..=499 => Class::Request,
         500..=599 if has_any(lower, CAPACITY_WORDS) => Class::Capacity,
         500..=599 => Class::Transient,

@@ -36,18 +36,12 @@ fn from_json(v: &Value) -> Option<String> {
     };
     let message = ["message", "msg", "error_msg", "detail", "error_description"]
         .iter()
-        .find_map(|k| {
-            err.get(*k)
-                .and_then(Value::as_str)
-                .or_else(|| v.get(*k).and_then(Value::as_str))
-        })?;
-    let code = ["code", "error_code", "providerCode", "type"]
-        .iter()
-        .find_map(|k| match err.get(*k) {
-            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-            Some(Value::Number(n)) => Some(n.to_string()),
-            _ => None,
-        });
+        .find_map(|k| err.get(*k).and_then(Value::as_str).or_else(|| v.get(*k).and_then(Value::as_str)))?;
+    let code = ["code", "error_code", "providerCode", "type"].iter().find_map(|k| match err.get(*k) {
+        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    });
     Some(match code {
         Some(code) if !message.contains(&code) => format!("{message} ({code})"),
         _ => message.to_string(),
@@ -91,10 +85,7 @@ mod tests {
                 r#"{"error_code":"TM.00001041","error_msg":"并发会话数已达上限(3个)"}"#,
                 "并发会话数已达上限(3个) (TM.00001041)",
             ),
-            (
-                r#"{"error":{"data":{"code":14018,"msg":"额度已用尽"}}}"#,
-                "额度已用尽 (14018)",
-            ),
+            (r#"{"error":{"data":{"code":14018,"msg":"额度已用尽"}}}"#, "额度已用尽 (14018)"),
             (r#"{"detail":"boom"}"#, "boom"),
             (r#"{"error":"plain string"}"#, "plain string"),
             (

@@ -10,10 +10,7 @@ fn now() -> Timestamp {
 fn hdrs(pairs: &[(&str, &str)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in pairs {
-        h.insert(
-            http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-            v.parse().unwrap(),
-        );
+        h.insert(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
     }
     h
 }
@@ -22,19 +19,11 @@ fn codearts_rules() -> Rules {
     Rules {
         retry: vec![Rule {
             on_status: vec![400, 429],
-            on_body_contains: vec![
-                "TM.00001041".into(),
-                "TPM limit".into(),
-                "并发会话数已达上限".into(),
-            ],
+            on_body_contains: vec!["TM.00001041".into(), "TPM limit".into(), "并发会话数已达上限".into()],
             delay: Some(std::time::Duration::from_secs(10)),
             max_attempts: Some(18),
         }],
-        fatal: vec![Rule {
-            on_status: vec![],
-            on_body_contains: vec!["TM.00001005".into()],
-            ..Default::default()
-        }],
+        fatal: vec![Rule { on_status: vec![], on_body_contains: vec!["TM.00001005".into()], ..Default::default() }],
     }
 }
 
@@ -43,26 +32,11 @@ fn seed_bodies_without_rules() {
     let none = Rules::default();
     let cases: &[(u16, &[(&str, &str)], &str, Class)] = &[
         // seed 000: 429 3009, no Retry-After.
-        (
-            429,
-            &[],
-            r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#,
-            Class::Capacity,
-        ),
+        (429, &[], r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#, Class::Capacity),
         // seed 001: TPM limit as 429.
-        (
-            429,
-            &[],
-            r#"{"error":{"message":"TPM limit exceeded: 500000 tokens per minute"}}"#,
-            Class::Capacity,
-        ),
+        (429, &[], r#"{"error":{"message":"TPM limit exceeded: 500000 tokens per minute"}}"#, Class::Capacity),
         // seed 001: concurrency cap as 400, no rule: a 400 is the request's fault.
-        (
-            400,
-            &[],
-            r#"{"error_code":"TM.00001041","error_msg":"并发会话数已达上限(3个)"}"#,
-            Class::Request,
-        ),
+        (400, &[], r#"{"error_code":"TM.00001041","error_msg":"并发会话数已达上限(3个)"}"#, Class::Request),
         // seed 002: session limit as Anthropic 429 rate_limit_error.
         (
             429,
@@ -77,86 +51,35 @@ fn seed_bodies_without_rules() {
             r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#,
             Class::Entitlement,
         ),
-        (
-            529,
-            &[],
-            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-            Class::Capacity,
-        ),
+        (529, &[], r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#, Class::Capacity),
         (
             503,
             &[],
             "<html><head><title>503 Service Temporarily Unavailable</title></head><body>nginx</body></html>",
             Class::Capacity,
         ),
-        (
-            500,
-            &[],
-            r#"{"error":{"message":"The server had an error"}}"#,
-            Class::Transient,
-        ),
-        (
-            500,
-            &[],
-            r#"{"error":{"message":"The engine is currently overloaded"}}"#,
-            Class::Capacity,
-        ),
+        (500, &[], r#"{"error":{"message":"The server had an error"}}"#, Class::Transient),
+        (500, &[], r#"{"error":{"message":"The engine is currently overloaded"}}"#, Class::Capacity),
         (502, &[], "Bad Gateway", Class::Transient),
         (504, &[], "", Class::Transient),
-        (
-            400,
-            &[],
-            r#"{"error":{"message":"maximum context length is 128000 tokens"}}"#,
-            Class::Request,
-        ),
+        (400, &[], r#"{"error":{"message":"maximum context length is 128000 tokens"}}"#, Class::Request),
         (
             400,
             &[],
             r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low"}}"#,
             Class::Entitlement,
         ),
-        (
-            404,
-            &[],
-            r#"{"error":{"message":"model gone","code":"model_not_found"}}"#,
-            Class::Request,
-        ),
-        (
-            401,
-            &[],
-            r#"{"error":{"message":"Incorrect API key"}}"#,
-            Class::Auth,
-        ),
-        (
-            403,
-            &[],
-            r#"{"error":{"message":"forbidden"}}"#,
-            Class::Auth,
-        ),
+        (404, &[], r#"{"error":{"message":"model gone","code":"model_not_found"}}"#, Class::Request),
+        (401, &[], r#"{"error":{"message":"Incorrect API key"}}"#, Class::Auth),
+        (403, &[], r#"{"error":{"message":"forbidden"}}"#, Class::Auth),
         (402, &[], "", Class::Entitlement),
         (409, &[], "", Class::Transient),
         (422, &[("x-should-retry", "true")], "", Class::Transient),
-        (
-            400,
-            &[],
-            r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#,
-            Class::Capacity,
-        ),
-        (
-            200,
-            &[],
-            r#"{"error":{"message":"concurrency limit"}}"#,
-            Class::Capacity,
-        ),
+        (400, &[], r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#, Class::Capacity),
+        (200, &[], r#"{"error":{"message":"concurrency limit"}}"#, Class::Capacity),
     ];
     for (status, h, body, want) in cases {
-        let o = classify(
-            StatusCode::from_u16(*status).unwrap(),
-            &hdrs(h),
-            body.as_bytes(),
-            &none,
-            now(),
-        );
+        let o = classify(StatusCode::from_u16(*status).unwrap(), &hdrs(h), body.as_bytes(), &none, now());
         assert_eq!(o.class, *want, "{status} {body}");
         assert!(o.summary.starts_with(&status.to_string()), "{}", o.summary);
     }
@@ -166,13 +89,7 @@ fn seed_bodies_without_rules() {
 fn operator_rules_win_over_builtin_and_fatal_wins_over_all() {
     let rules = codearts_rules();
     let busy = r#"{"error_code":"TM.00001041","error_msg":"并发会话数已达上限(3个)"}"#;
-    let o = classify(
-        StatusCode::BAD_REQUEST,
-        &HeaderMap::new(),
-        busy.as_bytes(),
-        &rules,
-        now(),
-    );
+    let o = classify(StatusCode::BAD_REQUEST, &HeaderMap::new(), busy.as_bytes(), &rules, now());
     assert_eq!(o.class, Class::Capacity);
     assert!(o.concurrency || o.summary.contains("TM.00001041"));
     let rule = o.rule.unwrap();
@@ -180,27 +97,11 @@ fn operator_rules_win_over_builtin_and_fatal_wins_over_all() {
     assert_eq!(rule.max_attempts, Some(18));
 
     let no_plan = r#"{"error_code":"TM.00001005","error_msg":"无正常可用套餐"}"#;
-    let o = classify(
-        StatusCode::BAD_REQUEST,
-        &HeaderMap::new(),
-        no_plan.as_bytes(),
-        &rules,
-        now(),
-    );
-    assert_eq!(
-        o.class,
-        Class::Request,
-        "fatal keeps a non-retryable built-in class"
-    );
+    let o = classify(StatusCode::BAD_REQUEST, &HeaderMap::new(), no_plan.as_bytes(), &rules, now());
+    assert_eq!(o.class, Class::Request, "fatal keeps a non-retryable built-in class");
     assert!(o.rule.unwrap().fatal);
     // A fatal rule matching a capacity-looking answer makes it non-retryable.
-    let o = classify(
-        StatusCode::TOO_MANY_REQUESTS,
-        &HeaderMap::new(),
-        b"TM.00001005 busy",
-        &rules,
-        now(),
-    );
+    let o = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), b"TM.00001005 busy", &rules, now());
     assert_eq!(o.class, Class::Entitlement);
     assert!(!o.class.retryable());
 }
@@ -216,10 +117,7 @@ fn hints_and_projection_are_attached() {
         now(),
     );
     assert_eq!(o.hints.retry_after, Some(std::time::Duration::from_secs(7)));
-    assert_eq!(
-        o.hints.projected_reset.unwrap().to_string(),
-        "2026-11-30T08:20:00Z"
-    );
+    assert_eq!(o.hints.projected_reset.unwrap().to_string(), "2026-11-30T08:20:00Z");
     assert!(o.summary.contains("session limit"));
 }
 

@@ -11,12 +11,7 @@ use yaml_serde::Value;
 /// `$${` writes a literal `${`. A `${VAR}` whose variable is unset is an
 /// error naming the variable; `${VAR:-}` means "empty when unset", which the
 /// default config uses so a fresh install starts without any key.
-pub fn interpolate(
-    value: &mut Value,
-    path: &str,
-    lookup: &dyn Fn(&str) -> Option<String>,
-    problems: &mut Vec<String>,
-) {
+pub fn interpolate(value: &mut Value, path: &str, lookup: &dyn Fn(&str) -> Option<String>, problems: &mut Vec<String>) {
     match value {
         Value::String(s) => {
             if s.contains('$') {
@@ -37,11 +32,7 @@ pub fn interpolate(
                     Value::String(k) => k.clone(),
                     other => format!("{other:?}"),
                 };
-                let child = if path.is_empty() {
-                    key
-                } else {
-                    format!("{path}.{key}")
-                };
+                let child = if path.is_empty() { key } else { format!("{path}.{key}") };
                 interpolate(item, &child, lookup, problems);
             }
         }
@@ -65,9 +56,7 @@ pub fn expand(input: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<St
             out.push_str("${");
             rest = tail;
         } else if let Some(tail) = after.strip_prefix("${") {
-            let end = tail
-                .find('}')
-                .ok_or_else(|| format!("unterminated `${{` in {input:?}"))?;
+            let end = tail.find('}').ok_or_else(|| format!("unterminated `${{` in {input:?}"))?;
             let expr = &tail[..end];
             let (name, fallback) = match expr.split_once(":-") {
                 Some((name, fallback)) => (name, Some(fallback)),
@@ -134,14 +123,10 @@ mod tests {
 
     #[test]
     fn reports_path_of_missing_variable() {
-        let mut v: Value =
-            yaml_serde::from_str("upstreams:\n  - api_key: \"${NOPE}\"\n").unwrap_or(Value::Null);
+        let mut v: Value = yaml_serde::from_str("upstreams:\n  - api_key: \"${NOPE}\"\n").unwrap_or(Value::Null);
         let mut problems = Vec::new();
         interpolate(&mut v, "", &env, &mut problems);
         assert_eq!(problems.len(), 1);
-        assert!(
-            problems[0].starts_with("upstreams[0].api_key: environment variable NOPE"),
-            "{problems:?}"
-        );
+        assert!(problems[0].starts_with("upstreams[0].api_key: environment variable NOPE"), "{problems:?}");
     }
 }

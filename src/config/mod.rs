@@ -19,6 +19,7 @@ use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
 use crate::protocol::Protocol;
+use crate::retry::{Policy, Rules};
 
 pub use validate::parse_size;
 
@@ -43,6 +44,14 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// Model aliases in config order.
     pub models: IndexMap<String, ModelRoute>,
+    /// Retry policy for every request.
+    pub retry: Policy,
+    /// Retry budget: fraction of recent requests.
+    pub budget_ratio: f64,
+    /// Retry budget: floor in retries per second.
+    pub budget_min_per_second: f64,
+    /// Answer `x-should-retry: false` when giving up.
+    pub stop_client_retries: bool,
 }
 
 /// A client key and the name that stands for it everywhere it is reported.
@@ -77,6 +86,8 @@ pub struct UpstreamConfig {
     pub header_timeout: Duration,
     /// Longest gap between body chunks.
     pub stream_idle_timeout: Duration,
+    /// Operator `retry:` / `fatal:` rules.
+    pub rules: Rules,
 }
 
 /// What a model alias routes to.
@@ -86,6 +97,8 @@ pub struct ModelRoute {
     pub protocol: Protocol,
     /// Equivalent targets in failover order (never empty).
     pub targets: Vec<Target>,
+    /// Time budget per request for this alias.
+    pub deadline: Duration,
 }
 
 /// One routing target.
@@ -162,21 +175,15 @@ impl Config {
     /// Reads and validates a config file, taking `${VAR}` from the process
     /// environment.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         Self::parse(&text, &|name| std::env::var(name).ok())
     }
 
     /// Parses and validates config text with an explicit variable lookup
     /// (tests pass their own instead of mutating the process environment).
-    pub fn parse(
-        text: &str,
-        lookup: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Config, ConfigError> {
-        let mut tree: yaml_serde::Value =
-            yaml_serde::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+    pub fn parse(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut tree: yaml_serde::Value = yaml_serde::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
         if tree.is_null() {
             tree = yaml_serde::Value::Mapping(Default::default());
         }
@@ -187,11 +194,7 @@ impl Config {
             Err(err) => {
                 let path = err.path().to_string();
                 let inner = err.into_inner().to_string();
-                problems.push(if path == "." {
-                    inner
-                } else {
-                    format!("{path}: {inner}")
-                });
+                problems.push(if path == "." { inner } else { format!("{path}: {inner}") });
                 return Err(ConfigError::Invalid(problems));
             }
         };
@@ -209,9 +212,6 @@ impl Config {
     /// Aliases served on one protocol's endpoint, for error messages and
     /// `/v1/models`.
     pub fn aliases(&self, protocol: Protocol) -> impl Iterator<Item = &str> {
-        self.models
-            .iter()
-            .filter(move |(_, r)| r.protocol == protocol)
-            .map(|(name, _)| name.as_str())
+        self.models.iter().filter(move |(_, r)| r.protocol == protocol).map(|(name, _)| name.as_str())
     }
 }

@@ -20,6 +20,9 @@ pub struct RawConfig {
     /// Largest request body accepted, e.g. `32MiB` or a number of bytes.
     #[serde(default)]
     pub max_body: Option<RawSize>,
+    /// Request-wide defaults: deadline and retry policy.
+    #[serde(default)]
+    pub defaults: RawDefaults,
     /// Keys clients must present; empty means no client auth (loopback only).
     #[serde(default)]
     pub client_keys: Vec<RawClientKey>,
@@ -29,6 +32,60 @@ pub struct RawConfig {
     /// What clients may ask for, mapped to upstream targets.
     #[serde(default)]
     pub models: IndexMap<String, RawModel>,
+}
+
+/// `defaults:` section.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDefaults {
+    /// Time budget per request: queueing + waits + attempts.
+    #[serde(default)]
+    pub deadline: Option<String>,
+    /// Retry policy.
+    #[serde(default)]
+    pub retry: RawRetry,
+}
+
+/// `defaults.retry:` section.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    /// Attempts per request, the first included.
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// First backoff step.
+    #[serde(default)]
+    pub base_delay: Option<String>,
+    /// Largest backoff step.
+    #[serde(default)]
+    pub max_delay: Option<String>,
+    /// Retries may add this fraction of an upstream's recent requests.
+    #[serde(default)]
+    pub budget_ratio: Option<f64>,
+    /// ...plus this many retries per second.
+    #[serde(default)]
+    pub budget_min_per_second: Option<f64>,
+    /// Send `x-should-retry: false` when tidegate gives up.
+    #[serde(default)]
+    pub stop_client_retries: Option<bool>,
+}
+
+/// A `retry:` or `fatal:` rule of an upstream.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRule {
+    /// Statuses the rule applies to; empty means any.
+    #[serde(default)]
+    pub on_status: Vec<u16>,
+    /// Body substrings, any of which matches.
+    #[serde(default)]
+    pub on_body_contains: Vec<String>,
+    /// Wait between attempts (retry rules only).
+    #[serde(default)]
+    pub delay: Option<String>,
+    /// Attempts when the rule matches (retry rules only).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
 }
 
 fn default_listen() -> String {
@@ -86,6 +143,12 @@ pub struct RawUpstream {
     /// Longest silence allowed between two body chunks.
     #[serde(default)]
     pub stream_idle_timeout: Option<String>,
+    /// Answers to retry although the built-in classification would not.
+    #[serde(default)]
+    pub retry: Vec<RawRule>,
+    /// Answers never to retry.
+    #[serde(default)]
+    pub fatal: Vec<RawRule>,
 }
 
 /// A model alias clients can ask for.
@@ -94,6 +157,9 @@ pub struct RawUpstream {
 pub struct RawModel {
     /// Equivalent targets, in failover order.
     pub targets: Vec<RawTarget>,
+    /// Deadline for this alias, overriding `defaults.deadline`.
+    #[serde(default)]
+    pub deadline: Option<String>,
 }
 
 /// One `{upstream, model}` pair.

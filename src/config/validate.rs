@@ -7,9 +7,10 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
-use super::raw::{RawConfig, RawSize, RawUpstream};
+use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
 use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Target, UpstreamConfig};
 use crate::protocol::Protocol;
+use crate::retry::{Policy, Rule, Rules};
 
 const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -17,6 +18,21 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(600);
 /// Anthropic pings every ~15 s; a minute of silence means a dead stream.
 const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Parses an optional duration field, pushing a problem when it is invalid.
+fn duration(path: &str, value: &Option<String>, default: Duration, problems: &mut Vec<String>) -> Duration {
+    match value {
+        None => default,
+        Some(text) => match humantime::parse_duration(text) {
+            Ok(d) if !d.is_zero() => d,
+            _ => {
+                problems.push(format!("{path}: {text:?} is not a duration like 10s or 500ms"));
+                default
+            }
+        },
+    }
+}
 
 /// Validates `raw`, pushing `path: problem` lines. Returns a config only
 /// when the structure was complete enough to build one; the caller still
@@ -25,10 +41,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
     let listen = match raw.listen.parse::<SocketAddr>() {
         Ok(addr) => Some(addr),
         Err(_) => {
-            problems.push(format!(
-                "listen: {:?} is not an address like 127.0.0.1:8787",
-                raw.listen
-            ));
+            problems.push(format!("listen: {:?} is not an address like 127.0.0.1:8787", raw.listen));
             None
         }
     };
@@ -65,7 +78,29 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         }
     }
 
-    let models = models(&raw, &upstreams, problems);
+    let d = &raw.defaults;
+    let deadline = duration("defaults.deadline", &d.deadline, DEFAULT_DEADLINE, problems);
+    let fallback = Policy::default();
+    let retry = Policy {
+        max_attempts: d.retry.max_attempts.unwrap_or(fallback.max_attempts),
+        base_delay: duration("defaults.retry.base_delay", &d.retry.base_delay, fallback.base_delay, problems),
+        max_delay: duration("defaults.retry.max_delay", &d.retry.max_delay, fallback.max_delay, problems),
+    };
+    if retry.max_attempts == 0 {
+        problems.push("defaults.retry.max_attempts: must be at least 1".into());
+    }
+    if retry.max_delay < retry.base_delay {
+        problems.push("defaults.retry.max_delay: must not be shorter than base_delay".into());
+    }
+    let budget_ratio = d.retry.budget_ratio.unwrap_or(0.2);
+    let budget_min_per_second = d.retry.budget_min_per_second.unwrap_or(5.0);
+    if !(0.0..=10.0).contains(&budget_ratio) {
+        problems.push("defaults.retry.budget_ratio: must be between 0 and 10".into());
+    }
+    if !(0.0..=10_000.0).contains(&budget_min_per_second) {
+        problems.push("defaults.retry.budget_min_per_second: must be between 0 and 10000".into());
+    }
+    let models = models(&raw, &upstreams, deadline, problems);
     let listen = listen?;
     if upstreams.len() != raw.upstreams.len() {
         return None;
@@ -77,6 +112,10 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         client_keys,
         upstreams,
         models,
+        retry,
+        budget_ratio,
+        budget_min_per_second,
+        stop_client_retries: d.retry.stop_client_retries.unwrap_or(true),
     })
 }
 
@@ -90,14 +129,9 @@ fn client_keys(raw: &RawConfig, problems: &mut Vec<String>) -> Vec<ClientKey> {
         if k.key.is_empty() {
             problems.push(format!("client_keys[{i}].key: must not be empty"));
         } else if !seen.insert(k.key.as_str()) {
-            problems.push(format!(
-                "client_keys[{i}].key: the same key is listed twice"
-            ));
+            problems.push(format!("client_keys[{i}].key: the same key is listed twice"));
         }
-        keys.push(ClientKey {
-            name: k.name.clone(),
-            key: Secret::new(k.key.clone()),
-        });
+        keys.push(ClientKey { name: k.name.clone(), key: Secret::new(k.key.clone()) });
     }
     keys
 }
@@ -113,81 +147,45 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         "openai" => Some(Protocol::OpenAi),
         "anthropic" => Some(Protocol::Anthropic),
         other => {
-            problems.push(format!(
-                "{}: {other:?} is not one of openai, anthropic",
-                at("protocol")
-            ));
+            problems.push(format!("{}: {other:?} is not one of openai, anthropic", at("protocol")));
             None
         }
     };
     let base_url = match url::Url::parse(&u.base_url) {
-        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
-            Some(trim_slash(url))
-        }
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Some(trim_slash(url)),
         _ => {
-            problems.push(format!(
-                "{}: {:?} is not a URL (http:// or https://)",
-                at("base_url"),
-                u.base_url
-            ));
+            problems.push(format!("{}: {:?} is not a URL (http:// or https://)", at("base_url"), u.base_url));
             None
         }
     };
     let mut headers = Vec::new();
     for (name, value) in &u.headers {
-        match (
-            HeaderName::try_from(name.as_str()),
-            HeaderValue::try_from(value.as_str()),
-        ) {
+        match (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str())) {
             (Ok(n), Ok(mut v)) => {
                 v.set_sensitive(true);
                 headers.push((n, v));
             }
             _ => {
-                problems.push(format!(
-                    "{}: {name:?} is not a valid header name and value",
-                    at("headers")
-                ));
+                problems.push(format!("{}: {name:?} is not a valid header name and value", at("headers")));
                 ok = false;
             }
         }
     }
-    let version = u
-        .anthropic_version
-        .as_deref()
-        .unwrap_or(DEFAULT_ANTHROPIC_VERSION);
+    let version = u.anthropic_version.as_deref().unwrap_or(DEFAULT_ANTHROPIC_VERSION);
     let anthropic_version = HeaderValue::try_from(version).ok().or_else(|| {
-        problems.push(format!(
-            "{}: not a valid header value",
-            at("anthropic_version")
-        ));
+        problems.push(format!("{}: not a valid header value", at("anthropic_version")));
         None
     });
-    let mut duration = |field: &str, value: &Option<String>, default: Duration| match value {
-        None => default,
-        Some(text) => match humantime::parse_duration(text) {
-            Ok(d) if !d.is_zero() => d,
-            _ => {
-                problems.push(format!(
-                    "{}: {text:?} is not a duration like 10s or 500ms",
-                    at(field)
-                ));
-                ok = false;
-                default
-            }
-        },
+    let before = problems.len();
+    let connect_timeout = duration(&at("connect_timeout"), &u.connect_timeout, DEFAULT_CONNECT_TIMEOUT, problems);
+    let header_timeout = duration(&at("header_timeout"), &u.header_timeout, DEFAULT_HEADER_TIMEOUT, problems);
+    let stream_idle_timeout =
+        duration(&at("stream_idle_timeout"), &u.stream_idle_timeout, DEFAULT_STREAM_IDLE_TIMEOUT, problems);
+    let rules = Rules {
+        retry: u.retry.iter().enumerate().map(|(j, r)| rule(&at(&format!("retry[{j}]")), r, false, problems)).collect(),
+        fatal: u.fatal.iter().enumerate().map(|(j, r)| rule(&at(&format!("fatal[{j}]")), r, true, problems)).collect(),
     };
-    let connect_timeout = duration(
-        "connect_timeout",
-        &u.connect_timeout,
-        DEFAULT_CONNECT_TIMEOUT,
-    );
-    let header_timeout = duration("header_timeout", &u.header_timeout, DEFAULT_HEADER_TIMEOUT);
-    let stream_idle_timeout = duration(
-        "stream_idle_timeout",
-        &u.stream_idle_timeout,
-        DEFAULT_STREAM_IDLE_TIMEOUT,
-    );
+    ok &= problems.len() == before;
     if !ok {
         return None;
     }
@@ -202,7 +200,33 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         connect_timeout,
         header_timeout,
         stream_idle_timeout,
+        rules,
     })
+}
+
+fn rule(path: &str, r: &RawRule, fatal: bool, problems: &mut Vec<String>) -> Rule {
+    if r.on_status.is_empty() && r.on_body_contains.iter().all(String::is_empty) {
+        problems.push(format!("{path}: needs on_status or a non-empty on_body_contains (it would match every answer)"));
+    }
+    if fatal && (r.delay.is_some() || r.max_attempts.is_some()) {
+        problems.push(format!("{path}: a fatal rule forbids retrying, so delay and max_attempts do not apply"));
+    }
+    if r.max_attempts == Some(0) {
+        problems.push(format!("{path}.max_attempts: must be at least 1 (1 disables the rule)"));
+    }
+    let delay = r.delay.as_ref().and_then(|text| match humantime::parse_duration(text) {
+        Ok(d) => Some(d),
+        Err(_) => {
+            problems.push(format!("{path}.delay: {text:?} is not a duration like 10s or 500ms"));
+            None
+        }
+    });
+    Rule {
+        on_status: r.on_status.clone(),
+        on_body_contains: r.on_body_contains.clone(),
+        delay,
+        max_attempts: r.max_attempts,
+    }
 }
 
 fn trim_slash(mut url: url::Url) -> url::Url {
@@ -214,24 +238,17 @@ fn trim_slash(mut url: url::Url) -> url::Url {
 fn models(
     raw: &RawConfig,
     upstreams: &[UpstreamConfig],
+    default_deadline: Duration,
     problems: &mut Vec<String>,
 ) -> IndexMap<String, ModelRoute> {
     if raw.models.is_empty() {
         problems.push("models: at least one model alias is required".into());
     }
-    let known = || {
-        raw.upstreams
-            .iter()
-            .map(|u| u.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let known = || raw.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>().join(", ");
     let mut out = IndexMap::new();
     for (alias, model) in &raw.models {
         if model.targets.is_empty() {
-            problems.push(format!(
-                "models.{alias}.targets: at least one target is required"
-            ));
+            problems.push(format!("models.{alias}.targets: at least one target is required"));
             continue;
         }
         let mut targets = Vec::new();
@@ -257,17 +274,13 @@ fn models(
             }
             let name = t.model.clone().unwrap_or_else(|| alias.clone());
             if name.is_empty() {
-                problems.push(format!(
-                    "models.{alias}.targets[{j}].model: must not be empty"
-                ));
+                problems.push(format!("models.{alias}.targets[{j}].model: must not be empty"));
             }
-            targets.push(Target {
-                upstream: idx,
-                model: name,
-            });
+            targets.push(Target { upstream: idx, model: name });
         }
+        let deadline = duration(&format!("models.{alias}.deadline"), &model.deadline, default_deadline, problems);
         if let Some(protocol) = protocol {
-            out.insert(alias.clone(), ModelRoute { protocol, targets });
+            out.insert(alias.clone(), ModelRoute { protocol, targets, deadline });
         }
     }
     out

@@ -26,15 +26,7 @@ pub fn models_list<'a>(aliases: impl Iterator<Item = &'a str>) -> Bytes {
     let data: Vec<_> = aliases
         .map(|id| json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"}))
         .collect();
-    let first = data
-        .first()
-        .and_then(|m| m["id"].as_str())
-        .map(str::to_owned);
-    let last = data
-        .last()
-        .and_then(|m| m["id"].as_str())
-        .map(str::to_owned);
-    Bytes::from(
-        json!({"data": data, "has_more": false, "first_id": first, "last_id": last}).to_string(),
-    )
+    let first = data.first().and_then(|m| m["id"].as_str()).map(str::to_owned);
+    let last = data.last().and_then(|m| m["id"].as_str()).map(str::to_owned);
+    Bytes::from(json!({"data": data, "has_more": false, "first_id": first, "last_id": last}).to_string())
 }

@@ -93,8 +93,7 @@ pub fn peek(body: &[u8]) -> Result<RequestHead, PeekError> {
     if first != Some(&b'{') {
         return Err(PeekError::Malformed("expected an object".into()));
     }
-    let peek: Peek<'_> =
-        serde_json::from_slice(body).map_err(|e| PeekError::Malformed(e.to_string()))?;
+    let peek: Peek<'_> = serde_json::from_slice(body).map_err(|e| PeekError::Malformed(e.to_string()))?;
     let raw = peek.model.ok_or(PeekError::MissingModel)?;
     let model: String = serde_json::from_str(raw.get()).map_err(|_| PeekError::ModelNotString)?;
     // `raw` borrows from `body`, so its position is a plain pointer offset.
@@ -103,11 +102,7 @@ pub fn peek(body: &[u8]) -> Result<RequestHead, PeekError> {
     if body.get(span.clone()) != Some(raw.get().as_bytes()) {
         return Err(PeekError::Malformed("could not locate \"model\"".into()));
     }
-    Ok(RequestHead {
-        model,
-        model_span: span,
-        stream: peek.stream.unwrap_or(false),
-    })
+    Ok(RequestHead { model, model_span: span, stream: peek.stream.unwrap_or(false) })
 }
 
 /// The body to send upstream: the same bytes, with the `model` value
@@ -160,8 +155,7 @@ mod tests {
 
     #[test]
     fn peek_finds_model_span_and_stream() {
-        let body =
-            br#"{"messages":[{"role":"user","content":"model"}], "model" : "a\"b", "stream":true}"#;
+        let body = br#"{"messages":[{"role":"user","content":"model"}], "model" : "a\"b", "stream":true}"#;
         let head = peek(body).unwrap();
         assert_eq!(head.model, "a\"b");
         assert_eq!(&body[head.model_span.clone()], br#""a\"b""#);
@@ -175,17 +169,13 @@ mod tests {
         assert!(matches!(peek(b""), Err(PeekError::Malformed(_))));
         assert_eq!(peek(br#"{"messages":[]}"#), Err(PeekError::MissingModel));
         assert_eq!(peek(br#"{"model":3}"#), Err(PeekError::ModelNotString));
-        assert!(matches!(
-            peek(br#"{"model":"a","stream":"yes"}"#),
-            Err(PeekError::Malformed(_))
-        ));
+        assert!(matches!(peek(br#"{"model":"a","stream":"yes"}"#), Err(PeekError::Malformed(_))));
     }
 
     #[test]
     fn rewrite_touches_only_the_model_value() {
-        let body = Bytes::from_static(
-            br#"{"z":1,  "model":"alias","tools":[{"x":"model"}],"unknown":{"deep":[1,2.50]}}"#,
-        );
+        let body =
+            Bytes::from_static(br#"{"z":1,  "model":"alias","tools":[{"x":"model"}],"unknown":{"deep":[1,2.50]}}"#);
         let head = peek(&body).unwrap();
         let out = body_for_target(&body, &head, "real-\"model\"");
         assert_eq!(

@@ -43,12 +43,7 @@ impl RetryBudget {
     /// A budget allowing `ratio` × requests + `floor_per_sec` × 10 s retries
     /// per ten seconds.
     pub fn new(ratio: f64, floor_per_sec: f64) -> Self {
-        Self {
-            ratio,
-            floor_per_sec,
-            origin: Instant::now(),
-            window: Mutex::new(Window::default()),
-        }
+        Self { ratio, floor_per_sec, origin: Instant::now(), window: Mutex::new(Window::default()) }
     }
 
     fn sec(&self, now: Instant) -> u64 {
@@ -63,20 +58,31 @@ impl RetryBudget {
         }
     }
 
-    /// Takes one retry from the budget if there is one left.
-    pub fn try_retry(&self, now: Instant) -> bool {
+    /// Whether one more retry fits (does not take it).
+    pub fn has_room(&self, now: Instant) -> bool {
         let sec = self.sec(now);
-        let Ok(mut w) = self.window.lock() else {
+        let Ok(w) = self.window.lock() else {
             return true;
         };
         let (requests, retries) = w.totals(sec);
-        let allowed = self.floor_per_sec * WINDOW_SECS as f64 + self.ratio * f64::from(requests);
-        if f64::from(retries) < allowed {
+        f64::from(retries) < self.floor_per_sec * WINDOW_SECS as f64 + self.ratio * f64::from(requests)
+    }
+
+    /// Counts a retry against the budget.
+    pub fn spend(&self, now: Instant) {
+        let sec = self.sec(now);
+        if let Ok(mut w) = self.window.lock() {
             w.slot(sec).2 += 1;
-            true
-        } else {
-            false
         }
+    }
+
+    /// Takes one retry from the budget if there is one left.
+    pub fn try_retry(&self, now: Instant) -> bool {
+        let room = self.has_room(now);
+        if room {
+            self.spend(now);
+        }
+        room
     }
 
     /// The window length, for documentation and messages.
@@ -97,9 +103,7 @@ mod tests {
             b.record_request(t0);
         }
         // 1/s × 10 s + 20% of 100 = 30 retries in the window.
-        let granted = (0..1000)
-            .filter(|_| b.try_retry(t0 + Duration::from_millis(500)))
-            .count();
+        let granted = (0..1000).filter(|_| b.try_retry(t0 + Duration::from_millis(500))).count();
         assert_eq!(granted, 30);
         // The window slides: ten seconds later the old requests and retries are gone.
         let later = t0 + Duration::from_secs(11);
@@ -122,10 +126,7 @@ mod tests {
             }
         }
         let amplification = f64::from(sent + retried) / f64::from(sent);
-        assert!(
-            amplification <= 1.2 + 10.0 / 50.0 + 0.01,
-            "amplification {amplification}"
-        );
+        assert!(amplification <= 1.2 + 10.0 / 50.0 + 0.01, "amplification {amplification}");
         assert!(retried > 0);
     }
 }

@@ -24,11 +24,7 @@ pub struct Policy {
 
 impl Default for Policy {
     fn default() -> Self {
-        Self {
-            max_attempts: 6,
-            base_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(30),
-        }
+        Self { max_attempts: 6, base_delay: Duration::from_millis(500), max_delay: Duration::from_secs(30) }
     }
 }
 
@@ -51,10 +47,7 @@ impl Rule {
     pub fn matches(&self, status: u16, body: &str) -> bool {
         let status_ok = self.on_status.is_empty() || self.on_status.contains(&status);
         let body_ok = self.on_body_contains.is_empty()
-            || self
-                .on_body_contains
-                .iter()
-                .any(|s| !s.is_empty() && body.contains(s.as_str()));
+            || self.on_body_contains.iter().any(|s| !s.is_empty() && body.contains(s.as_str()));
         status_ok && body_ok
     }
 }
@@ -86,25 +79,13 @@ impl Rules {
     /// that is not disabled (`max_attempts: 1`).
     pub fn find(&self, status: u16, body: &str) -> Option<RuleMatch> {
         if let Some(index) = self.fatal.iter().position(|r| r.matches(status, body)) {
-            return Some(RuleMatch {
-                fatal: true,
-                index,
-                delay: None,
-                max_attempts: None,
-            });
+            return Some(RuleMatch { fatal: true, index, delay: None, max_attempts: None });
         }
         self.retry
             .iter()
             .enumerate()
-            .find(|(_, r)| {
-                r.max_attempts != Some(1) && r.max_attempts != Some(0) && r.matches(status, body)
-            })
-            .map(|(index, r)| RuleMatch {
-                fatal: false,
-                index,
-                delay: r.delay,
-                max_attempts: r.max_attempts,
-            })
+            .find(|(_, r)| r.max_attempts != Some(1) && r.max_attempts != Some(0) && r.matches(status, body))
+            .map(|(index, r)| RuleMatch { fatal: false, index, delay: r.delay, max_attempts: r.max_attempts })
     }
 }
 
@@ -178,9 +159,7 @@ pub fn decide(s: &Situation<'_>) -> Decision {
     if outcome.hints.should_retry == Some(false) && rule.is_none() {
         return Decision::GiveUp(GiveUp::ProviderSaidNo);
     }
-    let max_attempts = rule
-        .and_then(|r| r.max_attempts)
-        .unwrap_or(s.policy.max_attempts);
+    let max_attempts = rule.and_then(|r| r.max_attempts).unwrap_or(s.policy.max_attempts);
     if s.attempts >= max_attempts {
         return Decision::GiveUp(GiveUp::Exhausted);
     }

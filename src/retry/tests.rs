@@ -44,40 +44,28 @@ fn seed_003_rule_semantics() {
         ("nil policy never matches", Rules::default(), 400, tm, false),
         (
             "attempts=1 disables",
-            Rules {
-                retry: vec![rule(&[400], &["TM.00001041"], Some(1), Some(1))],
-                ..Default::default()
-            },
+            Rules { retry: vec![rule(&[400], &["TM.00001041"], Some(1), Some(1))], ..Default::default() },
             400,
             tm,
             false,
         ),
         (
             "status mismatch",
-            Rules {
-                retry: vec![rule(&[429], &["TM.00001041"], None, Some(5))],
-                ..Default::default()
-            },
+            Rules { retry: vec![rule(&[429], &["TM.00001041"], None, Some(5))], ..Default::default() },
             400,
             tm,
             false,
         ),
         (
             "body mismatch must not retry",
-            Rules {
-                retry: vec![rule(&[400], &["TM.00001041"], None, Some(5))],
-                ..Default::default()
-            },
+            Rules { retry: vec![rule(&[400], &["TM.00001041"], None, Some(5))], ..Default::default() },
             400,
             r#"{"error_code":"TM.00001005","error_msg":"无正常可用套餐"}"#,
             false,
         ),
         (
             "empty substring never matches",
-            Rules {
-                retry: vec![rule(&[400], &[""], None, Some(5))],
-                ..Default::default()
-            },
+            Rules { retry: vec![rule(&[400], &[""], None, Some(5))], ..Default::default() },
             400,
             tm,
             false,
@@ -85,12 +73,7 @@ fn seed_003_rule_semantics() {
         (
             "several signals: any matches",
             Rules {
-                retry: vec![rule(
-                    &[400, 429],
-                    &["TPM limit", "TM.00001041"],
-                    None,
-                    Some(5),
-                )],
+                retry: vec![rule(&[400, 429], &["TPM limit", "TM.00001041"], None, Some(5))],
                 ..Default::default()
             },
             400,
@@ -100,12 +83,7 @@ fn seed_003_rule_semantics() {
         (
             "several signals: second status",
             Rules {
-                retry: vec![rule(
-                    &[400, 429],
-                    &["TPM limit", "TM.00001041"],
-                    None,
-                    Some(5),
-                )],
+                retry: vec![rule(&[400, 429], &["TPM limit", "TM.00001041"], None, Some(5))],
                 ..Default::default()
             },
             429,
@@ -114,10 +92,7 @@ fn seed_003_rule_semantics() {
         ),
         (
             "status only",
-            Rules {
-                retry: vec![rule(&[400], &[], None, Some(5))],
-                ..Default::default()
-            },
+            Rules { retry: vec![rule(&[400], &[], None, Some(5))], ..Default::default() },
             400,
             "anything",
             true,
@@ -133,75 +108,29 @@ fn seed_003_rule_semantics() {
 fn rule_delay_and_attempts_drive_the_decision() {
     let p = Policy::default();
     let mut o = outcome(Class::Capacity);
-    o.rule = Some(RuleMatch {
-        fatal: false,
-        index: 0,
-        delay: Some(Duration::from_secs(10)),
-        max_attempts: Some(18),
-    });
-    assert_eq!(
-        decide(&situation(&o, &p, 1)),
-        Decision::Retry {
-            wait: Duration::from_secs(10),
-            source: "rule"
-        }
-    );
+    o.rule = Some(RuleMatch { fatal: false, index: 0, delay: Some(Duration::from_secs(10)), max_attempts: Some(18) });
+    assert_eq!(decide(&situation(&o, &p, 1)), Decision::Retry { wait: Duration::from_secs(10), source: "rule" });
     // The rule's 18 attempts override the policy's 6.
-    assert!(matches!(
-        decide(&situation(&o, &p, 7)),
-        Decision::Retry { .. }
-    ));
-    assert_eq!(
-        decide(&situation(&o, &p, 18)),
-        Decision::GiveUp(GiveUp::Exhausted)
-    );
+    assert!(matches!(decide(&situation(&o, &p, 7)), Decision::Retry { .. }));
+    assert_eq!(decide(&situation(&o, &p, 18)), Decision::GiveUp(GiveUp::Exhausted));
     // No delay in the rule ("invalid delay falls back"): backoff.
-    o.rule = Some(RuleMatch {
-        fatal: false,
-        index: 0,
-        delay: None,
-        max_attempts: Some(18),
-    });
-    assert!(matches!(
-        decide(&situation(&o, &p, 1)),
-        Decision::Retry {
-            source: "backoff",
-            ..
-        }
-    ));
+    o.rule = Some(RuleMatch { fatal: false, index: 0, delay: None, max_attempts: Some(18) });
+    assert!(matches!(decide(&situation(&o, &p, 1)), Decision::Retry { source: "backoff", .. }));
     // A provider hint beats the rule's delay.
     o.hints.retry_after = Some(Duration::from_secs(2));
     o.hints.source = Some("retry-after");
-    assert_eq!(
-        decide(&situation(&o, &p, 1)),
-        Decision::Retry {
-            wait: Duration::from_secs(2),
-            source: "retry-after"
-        }
-    );
+    assert_eq!(decide(&situation(&o, &p, 1)), Decision::Retry { wait: Duration::from_secs(2), source: "retry-after" });
 }
 
 #[test]
 fn decisions_by_class_and_situation() {
     let p = Policy::default();
     for class in [Class::Request, Class::Auth, Class::Entitlement] {
-        assert_eq!(
-            decide(&situation(&outcome(class), &p, 1)),
-            Decision::GiveUp(GiveUp::NotRetryable)
-        );
+        assert_eq!(decide(&situation(&outcome(class), &p, 1)), Decision::GiveUp(GiveUp::NotRetryable));
     }
     let cap = outcome(Class::Capacity);
-    assert!(matches!(
-        decide(&situation(&cap, &p, 1)),
-        Decision::Retry {
-            source: "backoff",
-            ..
-        }
-    ));
-    assert_eq!(
-        decide(&situation(&cap, &p, 6)),
-        Decision::GiveUp(GiveUp::Exhausted)
-    );
+    assert!(matches!(decide(&situation(&cap, &p, 1)), Decision::Retry { source: "backoff", .. }));
+    assert_eq!(decide(&situation(&cap, &p, 6)), Decision::GiveUp(GiveUp::Exhausted));
     let mut s = situation(&cap, &p, 1);
     s.chained = true;
     assert_eq!(decide(&s), Decision::GiveUp(GiveUp::Chained));
@@ -211,10 +140,7 @@ fn decisions_by_class_and_situation() {
 
     let mut no = outcome(Class::Capacity);
     no.hints.should_retry = Some(false);
-    assert_eq!(
-        decide(&situation(&no, &p, 1)),
-        Decision::GiveUp(GiveUp::ProviderSaidNo)
-    );
+    assert_eq!(decide(&situation(&no, &p, 1)), Decision::GiveUp(GiveUp::ProviderSaidNo));
 
     // A hint longer than the time left ends the request at once, saying how long.
     let mut long = outcome(Class::Capacity);
@@ -222,12 +148,7 @@ fn decisions_by_class_and_situation() {
     long.hints.source = Some("retry-after");
     let mut s = situation(&long, &p, 1);
     s.remaining = Duration::from_secs(30);
-    assert_eq!(
-        decide(&s),
-        Decision::GiveUp(GiveUp::BeyondDeadline {
-            wait: Duration::from_secs(300)
-        })
-    );
+    assert_eq!(decide(&s), Decision::GiveUp(GiveUp::BeyondDeadline { wait: Duration::from_secs(300) }));
     // The budget does not cut a wait the provider asked for.
     s.remaining = Duration::from_secs(600);
     s.budget_ok = false;
@@ -236,11 +157,7 @@ fn decisions_by_class_and_situation() {
 
 #[test]
 fn backoff_grows_with_full_jitter_and_is_capped() {
-    let p = Policy {
-        max_attempts: 10,
-        base_delay: Duration::from_millis(500),
-        max_delay: Duration::from_secs(4),
-    };
+    let p = Policy { max_attempts: 10, base_delay: Duration::from_millis(500), max_delay: Duration::from_secs(4) };
     assert_eq!(backoff(1, &p, 0.9), Duration::from_millis(500));
     assert_eq!(backoff(2, &p, 0.0), Duration::from_millis(500));
     assert_eq!(backoff(2, &p, 1.0), Duration::from_millis(1000));

@@ -42,14 +42,8 @@ mod tests {
 
     fn keys() -> Vec<ClientKey> {
         vec![
-            ClientKey {
-                name: "alice".into(),
-                key: Secret::new("k-alice"),
-            },
-            ClientKey {
-                name: "bob".into(),
-                key: Secret::new("k-bob"),
-            },
+            ClientKey { name: "alice".into(), key: Secret::new("k-alice") },
+            ClientKey { name: "bob".into(), key: Secret::new("k-bob") },
         ]
     }
 
@@ -64,36 +58,18 @@ mod tests {
     #[test]
     fn accepts_bearer_and_x_api_key() {
         let k = keys();
-        assert_eq!(
-            authenticate(&k, &headers(&[("authorization", "Bearer k-bob")])),
-            Ok(Some("bob"))
-        );
-        assert_eq!(
-            authenticate(&k, &headers(&[("authorization", "bearer k-alice")])),
-            Ok(Some("alice"))
-        );
-        assert_eq!(
-            authenticate(&k, &headers(&[("x-api-key", "k-alice")])),
-            Ok(Some("alice"))
-        );
+        assert_eq!(authenticate(&k, &headers(&[("authorization", "Bearer k-bob")])), Ok(Some("bob")));
+        assert_eq!(authenticate(&k, &headers(&[("authorization", "bearer k-alice")])), Ok(Some("alice")));
+        assert_eq!(authenticate(&k, &headers(&[("x-api-key", "k-alice")])), Ok(Some("alice")));
     }
 
     #[test]
     fn rejects_missing_wrong_and_prefix_keys() {
         let k = keys();
         assert_eq!(authenticate(&k, &headers(&[])), Err(()));
-        assert_eq!(
-            authenticate(&k, &headers(&[("x-api-key", "k-alic")])),
-            Err(())
-        );
-        assert_eq!(
-            authenticate(&k, &headers(&[("x-api-key", "k-alice2")])),
-            Err(())
-        );
-        assert_eq!(
-            authenticate(&k, &headers(&[("authorization", "Basic k-alice")])),
-            Err(())
-        );
+        assert_eq!(authenticate(&k, &headers(&[("x-api-key", "k-alic")])), Err(()));
+        assert_eq!(authenticate(&k, &headers(&[("x-api-key", "k-alice2")])), Err(()));
+        assert_eq!(authenticate(&k, &headers(&[("authorization", "Basic k-alice")])), Err(()));
         assert_eq!(authenticate(&[], &headers(&[])), Ok(None));
     }
 }

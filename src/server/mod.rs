@@ -16,6 +16,7 @@ use axum::routing::{get, post};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use crate::retry::RetryBudget;
 use crate::upstream::{BuildError, Upstream};
 
 /// Everything a request needs, shared by all connections.
@@ -32,7 +33,7 @@ impl Gateway {
         let upstreams = config
             .upstreams
             .iter()
-            .map(|u| Upstream::new(u.clone()))
+            .map(|u| Upstream::new(u.clone(), RetryBudget::new(config.budget_ratio, config.budget_min_per_second)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self { config, upstreams })
     }
@@ -90,9 +91,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let addr = config.listen;
     let gateway = Arc::new(Gateway::new(config)?);
     let listener = listen::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| StartError::Bind { addr, source })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
     let task = tokio::spawn(listen::serve(listener, router(gateway)));
     Ok(Running { addr, task })
 }

@@ -15,10 +15,7 @@ pub const UPSTREAM_KEY: &str = "sk-upstream-secret-123";
 pub fn sim(models: &[(&str, Behavior)]) -> Simulator {
     let config = SimConfig {
         default: Behavior::default(),
-        models: models
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect::<HashMap<_, _>>(),
+        models: models.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<HashMap<_, _>>(),
         record: true,
     };
     Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
@@ -27,6 +24,9 @@ pub fn sim(models: &[(&str, Behavior)]) -> Simulator {
 /// Upstreams `sim-openai` and `sim-anthropic` pointing at `sim`, plus the
 /// given extra top-level YAML and models.
 pub fn yaml(sim: &Simulator, top: &str, upstream_extra: &str, models: &str) -> String {
+    // Fast retries unless the test sets its own defaults.
+    let fast = "defaults:\n  retry: { base_delay: 10ms, max_delay: 50ms }";
+    let top = if top.contains("defaults:") { top.to_string() } else { format!("{fast}\n{top}") };
     format!(
         "listen: 127.0.0.1:0\n{top}\nupstreams:\n  - name: sim-openai\n    protocol: openai\n    base_url: {}\n    api_key: {UPSTREAM_KEY}\n{upstream_extra}\n  - name: sim-anthropic\n    protocol: anthropic\n    base_url: {}\n    api_key: {UPSTREAM_KEY}\n{upstream_extra}\nmodels:\n  gpt:\n    targets: [{{ upstream: sim-openai, model: real-gpt }}]\n  claude:\n    targets: [{{ upstream: sim-anthropic }}]\n{models}\n",
         sim.openai_url(),
@@ -36,17 +36,13 @@ pub fn yaml(sim: &Simulator, top: &str, upstream_extra: &str, models: &str) -> S
 
 /// Starts a gateway from YAML text (no environment lookups).
 pub async fn gateway(yaml: &str) -> Running {
-    let config = Config::parse(yaml, &|_| None)
-        .unwrap_or_else(|e| panic!("test config invalid: {e}\n{yaml}"));
+    let config = Config::parse(yaml, &|_| None).unwrap_or_else(|e| panic!("test config invalid: {e}\n{yaml}"));
     server::start(config).await.unwrap()
 }
 
 /// A plain HTTP client with a short overall timeout so no test hangs.
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
+    reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap()
 }
 
 pub fn url(gw: &Running, path: &str) -> String {

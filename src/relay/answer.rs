@@ -1,0 +1,117 @@
+//! The answer when retrying stops: the upstream's own answer verbatim when
+//! the request cannot succeed as sent, or tidegate's honest account when
+//! waiting ran out — status that tells the truth, `Retry-After`, and a
+//! message a user can act on.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::StatusCode;
+
+use super::strip_hop_by_hop;
+use crate::classify::{Class, Outcome};
+use crate::error::GatewayError;
+use crate::protocol::{ErrorKind, Protocol};
+use crate::retry::{self, GiveUp, Policy};
+use crate::upstream::Upstream;
+
+/// The OpenAI SDKs honour `Retry-After` up to 60 s… the Anthropic ones
+/// less; past this, the wait is also spelled out in the message.
+const SDK_HONOURED: Duration = Duration::from_secs(60);
+
+pub(super) struct Context<'a> {
+    pub protocol: Protocol,
+    pub upstream: &'a Upstream,
+    pub attempts: u32,
+    pub elapsed: Duration,
+    pub policy: &'a Policy,
+    pub stop_client_retries: bool,
+}
+
+pub(super) fn give_up(
+    ctx: &Context<'_>,
+    why: GiveUp,
+    outcome: &Outcome,
+    answer: Option<(http::response::Parts, Bytes)>,
+) -> Response {
+    let verbatim = match why {
+        GiveUp::NotRetryable | GiveUp::ProviderSaidNo | GiveUp::Chained => true,
+        GiveUp::Exhausted | GiveUp::BudgetSpent | GiveUp::BeyondDeadline { .. } => false,
+    };
+    if verbatim {
+        if let Some((mut parts, body)) = answer {
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            return Response::from_parts(parts, Body::from(body));
+        }
+    }
+    tidegate_answer(ctx, why, outcome).into_response(ctx.protocol)
+}
+
+fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> GatewayError {
+    let name = &ctx.upstream.config.name;
+    let timed_out = outcome.status.is_none() && outcome.summary.starts_with("timed out");
+    let (status, kind, state) = match outcome.class {
+        Class::Capacity if outcome.status == Some(429) => {
+            (StatusCode::TOO_MANY_REQUESTS, ErrorKind::RateLimit, "rate-limited")
+        }
+        Class::Capacity => (StatusCode::SERVICE_UNAVAILABLE, ErrorKind::Overloaded, "overloaded"),
+        Class::Transient if timed_out => (StatusCode::GATEWAY_TIMEOUT, ErrorKind::Timeout, "not answering"),
+        Class::Transient if outcome.status.is_none() => (StatusCode::BAD_GATEWAY, ErrorKind::Api, "unreachable"),
+        Class::Transient => (StatusCode::BAD_GATEWAY, ErrorKind::Api, "failing"),
+        Class::Request | Class::Auth | Class::Entitlement => (StatusCode::BAD_GATEWAY, ErrorKind::Api, "refusing"),
+    };
+    let next_backoff = retry::backoff(ctx.attempts + 1, ctx.policy, 0.5);
+    let (status, kind, retry_after, reason) = match why {
+        GiveUp::BeyondDeadline { wait } => {
+            (status, kind, wait, format!("it asks to wait {}, longer than this request's deadline allows", secs(wait)))
+        }
+        GiveUp::BudgetSpent => (
+            status,
+            kind,
+            outcome.hints.retry_after.unwrap_or(next_backoff),
+            "its retry budget is spent (too many retries recently: tidegate will not multiply an outage)".into(),
+        ),
+        GiveUp::Exhausted => {
+            (status, kind, outcome.hints.retry_after.unwrap_or(next_backoff), format!("{} attempts used", ctx.attempts))
+        }
+        GiveUp::NotRetryable | GiveUp::ProviderSaidNo | GiveUp::Chained => {
+            (status, kind, outcome.hints.retry_after.unwrap_or(next_backoff), "it cannot be retried".into())
+        }
+    };
+    let mut message = format!(
+        "upstream {name} is still {state} ({} error) after {} attempt{} over {}; {reason}. Last answer: {}.",
+        outcome.class.as_str(),
+        ctx.attempts,
+        if ctx.attempts == 1 { "" } else { "s" },
+        secs(ctx.elapsed),
+        outcome.summary,
+    );
+    if let Some(reset) = outcome.hints.projected_reset {
+        message.push_str(&format!(
+            " The provider projects a reset at {reset} (a projection: limits often clear much sooner)."
+        ));
+    }
+    message.push_str(&format!(" Retry after {}", secs(retry_after)));
+    if retry_after > SDK_HONOURED {
+        message.push_str(" (longer than SDKs wait on their own)");
+    }
+    message.push('.');
+    GatewayError::GaveUp {
+        status,
+        kind,
+        message,
+        retry_after: Some(retry_after),
+        stop_client_retries: ctx.stop_client_retries,
+    }
+}
+
+fn secs(d: Duration) -> String {
+    if d < Duration::from_secs(10) {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        format!("{}s", d.as_secs_f64().round() as u64)
+    }
+}
