@@ -145,3 +145,41 @@ fn serve_writes_a_default_config_and_starts() {
     let out = bin().args(["check", "--config"]).arg(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "default config must pass check");
 }
+
+#[test]
+fn retry_rules_and_defaults_are_validated() {
+    let text = VALID.replace(
+        "api_key: \"${SET}\" }",
+        "api_key: x, retry: [{ on_status: [400], on_body_contains: [TM.00001041], delay: later, max_attempts: 18 }, { on_body_contains: [\"\"] }], fatal: [{ on_body_contains: [TM.00001005], delay: 1s }] }",
+    );
+    let p = problems(&format!("defaults:\n  deadline: forever\n  retry: {{ max_delay: 1ms }}\n{text}"));
+    let want = [
+        "defaults.deadline: \"forever\" is not a duration",
+        "defaults.retry.max_delay: must not be shorter than base_delay",
+        "upstreams[0].retry[0].delay: \"later\" is not a duration",
+        "upstreams[0].retry[1]: needs on_status or a non-empty on_body_contains",
+        "upstreams[0].fatal[0]: a fatal rule forbids retrying",
+    ];
+    for w in want {
+        assert!(p.iter().any(|line| line.starts_with(w)), "missing {w:?} in {p:#?}");
+    }
+}
+
+#[test]
+fn rules_and_deadlines_reach_the_typed_config() {
+    let text = VALID
+        .replace(
+            "api_key: \"${SET}\" }",
+            "api_key: x, retry: [{ on_status: [400, 429], on_body_contains: [TM.00001041], delay: 10s, max_attempts: 18 }] }",
+        )
+        .replace("c: { targets: [{ upstream: b }] }", "c: { targets: [{ upstream: b }], deadline: 30s }");
+    let c = Config::parse(&format!("defaults: {{ deadline: 90s }}\n{text}"), &|_| None).unwrap();
+    let rule = &c.upstreams[0].rules.retry[0];
+    assert_eq!(rule.on_status, vec![400, 429]);
+    assert_eq!(rule.delay, Some(Duration::from_secs(10)));
+    assert_eq!(rule.max_attempts, Some(18));
+    assert_eq!(c.models["m"].deadline, Duration::from_secs(90));
+    assert_eq!(c.models["c"].deadline, Duration::from_secs(30));
+    assert_eq!(c.retry.max_attempts, 6);
+    assert!(c.stop_client_retries);
+}

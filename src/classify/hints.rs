@@ -206,7 +206,8 @@ mod tests {
 
     #[test]
     fn header_forms_strongest_first() {
-        let cases: &[(&[(&str, &str)], Option<u64>, Option<&str>)] = &[
+        type Case<'a> = (&'a [(&'a str, &'a str)], Option<u64>, Option<&'a str>);
+        let cases: &[Case<'_>] = &[
             (&[], None, None),
             (&[("retry-after", "2")], Some(2000), Some("retry-after")),
             (&[("retry-after", "1.5")], Some(1500), Some("retry-after")),

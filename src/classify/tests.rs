@@ -30,7 +30,8 @@ fn codearts_rules() -> Rules {
 #[test]
 fn seed_bodies_without_rules() {
     let none = Rules::default();
-    let cases: &[(u16, &[(&str, &str)], &str, Class)] = &[
+    type Case<'a> = (u16, &'a [(&'a str, &'a str)], &'a str, Class);
+    let cases: &[Case<'_>] = &[
         // seed 000: 429 3009, no Retry-After.
         (429, &[], r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#, Class::Capacity),
         // seed 001: TPM limit as 429.

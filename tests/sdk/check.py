@@ -70,11 +70,22 @@ upstreams:
 models:
   gpt: {{ targets: [{{ upstream: sim-openai, model: sim-gpt }}] }}
   claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
+  busy: {{ targets: [{{ upstream: sim-openai, model: sim-busy }}], deadline: 1s }}
+defaults:
+  retry: {{ base_delay: 50ms, max_delay: 100ms }}
+""")
+    sim_config = os.path.join(tmp, "sim.yaml")
+    with open(sim_config, "w") as f:
+        f.write("""
+models:
+  sim-busy:
+    status: 429
+    error_body: '{"error":{"code":"3009","message":"model concurrency limit exceeded"}}'
 """)
     env = dict(os.environ, RUST_LOG="warn")
     procs = []
     try:
-        sim = subprocess.Popen([binary, "simulate", "--listen", f"127.0.0.1:{sim_port}"], env=env)
+        sim = subprocess.Popen([binary, "simulate", "--listen", f"127.0.0.1:{sim_port}", "--config", sim_config], env=env)
         procs.append(sim)
         wait_port(sim_port, sim, "simulator")
         gw = subprocess.Popen([binary, "serve", "--config", config], env=env)
@@ -110,7 +121,7 @@ def run_checks(base):
 
     def openai_models():
         ids = [m.id for m in oa.models.list()]
-        assert ids == ["gpt"], ids
+        assert ids == ["gpt", "busy"], ids
 
     def openai_typed_errors():
         try:
@@ -124,6 +135,21 @@ def run_checks(base):
             raise AssertionError("no exception")
         except openai.AuthenticationError as e:
             assert "tidegate" in e.message, e.message
+
+    def openai_gives_up_once_not_twice():
+        # tidegate retries inside the 1 s deadline, then answers 429 with
+        # x-should-retry: false: an SDK allowed 3 retries must not add any.
+        sdk = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEY, max_retries=3, timeout=20)
+        started = time.time()
+        try:
+            sdk.chat.completions.create(model="busy", messages=msgs)
+            raise AssertionError("no exception")
+        except openai.RateLimitError as e:
+            assert "tidegate" in e.message and "3009" in e.message, e.message
+            assert e.response.headers.get("x-should-retry") == "false"
+            assert int(e.response.headers["retry-after"]) >= 1
+        took = time.time() - started
+        assert took < 2.5, f"the SDK retried on top of tidegate ({took:.1f}s)"
 
     def anthropic_non_stream():
         r = an.messages.create(model="claude", max_tokens=32, messages=msgs)
@@ -154,7 +180,7 @@ def run_checks(base):
         ids = [m.id for m in an.models.list()]
         assert ids == ["claude"], ids
 
-    checks = [openai_non_stream, openai_stream, openai_models, openai_typed_errors,
+    checks = [openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_gives_up_once_not_twice,
               anthropic_non_stream, anthropic_stream, anthropic_typed_errors, anthropic_models]
     passed = failed = 0
     for check in checks:
