@@ -41,6 +41,8 @@ pub enum GatewayError {
         status: StatusCode,
         /// Protocol error kind.
         kind: ErrorKind,
+        /// Class of the last failure.
+        class: crate::classify::Class,
         /// The whole account.
         message: String,
         /// When coming back may help.
@@ -66,6 +68,19 @@ impl GatewayError {
             GatewayError::NoRoute(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, None),
             GatewayError::GaveUp { status, kind, .. } => (*status, *kind, Some("upstream_unavailable")),
             GatewayError::BadDeadline(_) => (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None),
+        }
+    }
+
+    /// The protocol error kind (for in-stream error events).
+    pub fn kind(&self) -> ErrorKind {
+        self.status_kind().1
+    }
+
+    /// The upstream failure class behind this error, if any.
+    pub fn class(&self) -> Option<crate::classify::Class> {
+        match self {
+            GatewayError::GaveUp { class, .. } => Some(*class),
+            _ => None,
         }
     }
 

@@ -23,6 +23,7 @@ pub mod error;
 pub mod logging;
 pub mod protocol;
 pub mod relay;
+pub mod report;
 pub mod retry;
 pub mod server;
 pub mod simulate;

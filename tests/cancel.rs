@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures_util::StreamExt;
 use tidegate::simulate::Behavior;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 #[tokio::test]
 async fn disconnect_while_waiting_for_headers_cancels_upstream() {
@@ -49,17 +49,20 @@ async fn silent_stream_is_cut_after_idle_timeout() {
     let sim = sim(&[("real-gpt", Behavior { chunks: 3, chunk_delay_ms: 5_000, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "    stream_idle_timeout: 300ms", "")).await;
     let started = Instant::now();
-    let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-    let body = r#"{"model":"gpt","stream":true}"#;
-    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len());
-    conn.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(4), conn.read_to_end(&mut raw)).await;
-    assert!(read.is_ok(), "the gateway kept a silent stream open");
-    let text = String::from_utf8_lossy(&raw);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(text.contains("chat.completion.chunk"), "first chunk missing: {text}");
-    assert!(!text.contains("0\r\n\r\n"), "an idle cut must not look like a clean end: {text}");
+    let resp = client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .body(r#"{"model":"gpt","stream":true}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = tokio::time::timeout(Duration::from_secs(4), resp.text()).await.expect("silent stream kept open").unwrap();
     assert!(started.elapsed() < Duration::from_secs(4));
+    assert!(text.contains("chat.completion.chunk"), "first chunk missing: {text}");
+    // Not a clean end: an OpenAI-shaped error event, and no [DONE].
+    assert!(text.contains(r#"data: {"error":{"#), "{text}");
+    assert!(text.contains(r#""message":"tidegate: the stream from upstream sim-openai broke"#), "{text}");
+    assert!(text.contains("sent nothing for"), "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
     eventually("upstream sees the cancellation", || sim.state.cancelled.load(SeqCst) == 1).await;
 }

@@ -52,6 +52,10 @@ pub struct Config {
     pub budget_min_per_second: f64,
     /// Answer `x-should-retry: false` when giving up.
     pub stop_client_retries: bool,
+    /// Commit a waiting stream after this long (`None`: never).
+    pub stream_keepalive_after: Option<Duration>,
+    /// Interval between keep-alive comments.
+    pub stream_keepalive_every: Duration,
 }
 
 /// A client key and the name that stands for it everywhere it is reported.

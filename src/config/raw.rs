@@ -44,6 +44,13 @@ pub struct RawDefaults {
     /// Retry policy.
     #[serde(default)]
     pub retry: RawRetry,
+    /// Commit a waiting stream and send keep-alive comments after this
+    /// (`off` disables).
+    #[serde(default)]
+    pub stream_keepalive_after: Option<String>,
+    /// Interval between keep-alive comments.
+    #[serde(default)]
+    pub stream_keepalive_every: Option<String>,
 }
 
 /// `defaults.retry:` section.

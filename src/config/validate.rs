@@ -100,6 +100,17 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
     if !(0.0..=10_000.0).contains(&budget_min_per_second) {
         problems.push("defaults.retry.budget_min_per_second: must be between 0 and 10000".into());
     }
+    let stream_keepalive_after = match d.stream_keepalive_after.as_deref() {
+        Some("off") => None,
+        other => Some(duration(
+            "defaults.stream_keepalive_after",
+            &other.map(str::to_owned),
+            Duration::from_secs(5),
+            problems,
+        )),
+    };
+    let stream_keepalive_every =
+        duration("defaults.stream_keepalive_every", &d.stream_keepalive_every, Duration::from_secs(5), problems);
     let models = models(&raw, &upstreams, deadline, problems);
     let listen = listen?;
     if upstreams.len() != raw.upstreams.len() {
@@ -116,6 +127,8 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         budget_ratio,
         budget_min_per_second,
         stop_client_retries: d.retry.stop_client_retries.unwrap_or(true),
+        stream_keepalive_after,
+        stream_keepalive_every,
     })
 }
 

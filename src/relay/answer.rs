@@ -15,14 +15,83 @@ use crate::classify::{Class, Outcome};
 use crate::error::GatewayError;
 use crate::protocol::{ErrorKind, Protocol};
 use crate::retry::{self, GiveUp, Policy};
+use crate::stream::{RelayBody, error_event};
 use crate::upstream::Upstream;
+
+/// The final answer of the attempt loop.
+pub enum Answer {
+    /// A 2xx answer, relayed as it streams.
+    Stream(http::response::Parts, RelayBody),
+    /// The upstream's own error answer, returned as it was.
+    Verbatim {
+        /// Status and headers.
+        parts: http::response::Parts,
+        /// Body.
+        body: Bytes,
+        /// Its class.
+        class: Class,
+    },
+    /// tidegate's own answer.
+    Gateway(GatewayError),
+}
+
+impl Answer {
+    /// The HTTP response for a client still waiting for headers.
+    pub fn into_response(self, protocol: Protocol) -> Response {
+        match self {
+            Answer::Stream(parts, body) => Response::from_parts(parts, Body::new(body)),
+            Answer::Verbatim { mut parts, body, .. } => {
+                parts.headers.remove(http::header::CONTENT_LENGTH);
+                Response::from_parts(parts, Body::from(body))
+            }
+            Answer::Gateway(error) => error.into_response(protocol),
+        }
+    }
+
+    /// For a stream already committed (keep-alive): the failure as the
+    /// protocol's error event, with its class and message for the report.
+    pub fn error_event(self, protocol: Protocol) -> (Bytes, Option<Class>, String) {
+        match self {
+            Answer::Stream(..) => (Bytes::new(), None, String::new()),
+            Answer::Verbatim { parts, body, class } => {
+                let kind = match parts.status.as_u16() {
+                    429 => ErrorKind::RateLimit,
+                    503 | 529 => ErrorKind::Overloaded,
+                    401 | 403 => ErrorKind::Authentication,
+                    404 => ErrorKind::NotFound,
+                    400..=499 => ErrorKind::InvalidRequest,
+                    _ => ErrorKind::Api,
+                };
+                let message = format!(
+                    "tidegate: upstream answered {} ({} error): {}",
+                    parts.status.as_u16(),
+                    class.as_str(),
+                    crate::classify::summary::summarize(&body)
+                );
+                (error_event(protocol, kind, &message), Some(class), message)
+            }
+            Answer::Gateway(error) => {
+                let (kind, message) = (error.kind(), format!("tidegate: {error}"));
+                (error_event(protocol, kind, &message), error.class(), message)
+            }
+        }
+    }
+
+    /// The class of a failed answer.
+    pub fn class(&self) -> Option<Class> {
+        match self {
+            Answer::Stream(..) => None,
+            Answer::Verbatim { class, .. } => Some(*class),
+            Answer::Gateway(error) => error.class(),
+        }
+    }
+}
 
 /// The OpenAI SDKs honour `Retry-After` up to 60 s… the Anthropic ones
 /// less; past this, the wait is also spelled out in the message.
 const SDK_HONOURED: Duration = Duration::from_secs(60);
 
 pub(super) struct Context<'a> {
-    pub protocol: Protocol,
     pub upstream: &'a Upstream,
     pub attempts: u32,
     pub elapsed: Duration,
@@ -35,7 +104,7 @@ pub(super) fn give_up(
     why: GiveUp,
     outcome: &Outcome,
     answer: Option<(http::response::Parts, Bytes)>,
-) -> Response {
+) -> Answer {
     let verbatim = match why {
         GiveUp::NotRetryable | GiveUp::ProviderSaidNo | GiveUp::Chained => true,
         GiveUp::Exhausted | GiveUp::BudgetSpent | GiveUp::BeyondDeadline { .. } => false,
@@ -43,11 +112,10 @@ pub(super) fn give_up(
     if verbatim {
         if let Some((mut parts, body)) = answer {
             strip_hop_by_hop(&mut parts.headers);
-            parts.headers.remove(http::header::CONTENT_LENGTH);
-            return Response::from_parts(parts, Body::from(body));
+            return Answer::Verbatim { parts, body, class: outcome.class };
         }
     }
-    tidegate_answer(ctx, why, outcome).into_response(ctx.protocol)
+    Answer::Gateway(tidegate_answer(ctx, why, outcome))
 }
 
 fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> GatewayError {
@@ -102,6 +170,7 @@ fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> Gateway
     GatewayError::GaveUp {
         status,
         kind,
+        class: outcome.class,
         message,
         retry_after: Some(retry_after),
         stop_client_retries: ctx.stop_client_retries,

@@ -2,28 +2,33 @@
 //!
 //! Plain async code, top to bottom: send the same bytes, classify the
 //! answer ([`crate::classify`]), ask [`crate::retry::decide`] what to do,
-//! wait or stop. A 2xx is relayed as it streams; an error body is read (it
-//! is small) so it can be classified and, if it is the final answer,
-//! returned verbatim. Waiting ends the moment the client goes away: hyper
-//! drops this future, and with it the sleep and any upstream call.
+//! wait or stop. A 2xx JSON answer is relayed as it streams; a 2xx SSE
+//! answer first passes the stream handshake ([`crate::stream::handshake`]);
+//! an error body is read (it is small) so it can be classified and, if it
+//! is the final answer, returned verbatim. Waiting ends the moment the
+//! client goes away: hyper drops this future, and with it the sleep and any
+//! upstream call.
 
 mod answer;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::response::Response;
 use bytes::Bytes;
-use http::HeaderMap;
 use http::header::{self, HeaderName};
+use http::{HeaderMap, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
-use crate::classify::{self, Class, TransportFailure};
-use crate::config::ModelRoute;
+pub use answer::Answer;
+
+use crate::classify::{self, Class, Outcome, TransportFailure};
 use crate::protocol::{self, Protocol, RequestHead};
-use crate::retry::{self, Decision, GiveUp, Policy, Situation};
+use crate::retry::{self, Decision, GiveUp, Situation};
+use crate::server::Gateway;
 use crate::stream::RelayBody;
+use crate::stream::handshake::{self, Handshake};
+use crate::stream::waiting::Progress;
 use crate::upstream::{SendError, Upstream};
 
 /// Largest error body read for classification.
@@ -39,30 +44,27 @@ const HOP_BY_HOP: &[HeaderName] = &[
     header::PROXY_AUTHENTICATE,
 ];
 
-/// Request-wide settings the loop needs.
-pub struct Settings<'a> {
-    /// Retry policy.
-    pub policy: &'a Policy,
-    /// Send `x-should-retry: false` when giving up.
-    pub stop_client_retries: bool,
-}
-
-/// One request as the loop sees it.
-pub struct RelayRequest<'a> {
+/// One request, owned, so the loop can outlive the handler (a committed
+/// keep-alive stream runs it inside its body).
+pub struct Job {
+    /// Shared gateway state.
+    pub gw: Arc<Gateway>,
     /// The client's protocol (for tidegate's own answers).
     pub protocol: Protocol,
-    /// The alias's route.
-    pub route: &'a ModelRoute,
+    /// Index of the alias in `config.models`.
+    pub route: usize,
     /// `model`/`stream` and the model's byte span.
-    pub head: &'a RequestHead,
+    pub head: RequestHead,
     /// The client's body, untouched.
-    pub body: &'a Bytes,
+    pub body: Bytes,
     /// The client's headers (an allowlist is forwarded).
-    pub client_headers: &'a HeaderMap,
+    pub client_headers: HeaderMap,
     /// When the request must be answered.
     pub deadline: Instant,
     /// Another tidegate in front retries; this one makes one attempt.
     pub chained: bool,
+    /// Where the loop stands (for keep-alive comments).
+    pub progress: Arc<Progress>,
 }
 
 /// What one attempt did, for the log line, the journal and messages.
@@ -85,84 +87,76 @@ pub struct AttemptLog {
 /// The client's answer and how it came about.
 pub struct Relayed {
     /// What to send the client.
-    pub response: Response,
+    pub answer: Answer,
     /// The upstream that gave the final answer, if any.
     pub upstream: Option<usize>,
     /// Every attempt, in order.
     pub attempts: Vec<AttemptLog>,
 }
 
+/// What a single attempt produced.
+enum Attempt {
+    /// A usable answer: done.
+    Success(Answer),
+    /// A failure to classify: its outcome and, for an HTTP answer, the
+    /// buffered answer to return verbatim if it is final.
+    Failure(Outcome, Option<(http::response::Parts, Bytes)>),
+}
+
 /// Runs attempts against the route's first target until success, a final
 /// error, or the deadline.
-pub async fn relay(upstreams: &[Upstream], settings: &Settings<'_>, req: RelayRequest<'_>) -> Relayed {
+pub async fn relay(job: Job) -> Relayed {
+    let gw = &job.gw;
     let started = Instant::now();
     let mut attempts: Vec<AttemptLog> = Vec::new();
+    let target = gw.config.models.get_index(job.route).and_then(|(_, r)| r.targets.first());
     let Some((index, upstream, target)) =
-        req.route.targets.first().and_then(|t| upstreams.get(t.upstream).map(|u| (t.upstream, u, t)))
+        target.and_then(|t| gw.upstreams.get(t.upstream).map(|u| (t.upstream, u, t)))
     else {
         let error = crate::error::GatewayError::UnknownModel("model has no usable target".into());
-        return Relayed { response: error.into_response(req.protocol), upstream: None, attempts };
+        return Relayed { answer: Answer::Gateway(error), upstream: None, attempts };
     };
     // One body for every attempt: byte-identical retries.
-    let body = protocol::body_for_target(req.body, req.head, &target.model);
+    let body = protocol::body_for_target(&job.body, &job.head, &target.model);
     upstream.budget.record_request(std::time::Instant::now());
     loop {
-        let remaining = req.deadline.saturating_duration_since(Instant::now());
-        let timeout = upstream.config.header_timeout.min(remaining);
-        let sent = upstream.send(upstream.request(body.clone(), req.client_headers), timeout).await;
-        let (outcome, answer) = match sent {
-            Ok(resp) if resp.status().is_success() => {
+        job.progress.attempt(index);
+        let remaining = job.deadline.saturating_duration_since(Instant::now());
+        let (outcome, buffered) = match attempt(&job, upstream, body.clone(), remaining).await {
+            Attempt::Success(answer) => {
                 attempts.push(AttemptLog {
                     upstream: index,
-                    status: Some(resp.status().as_u16()),
+                    status: Some(200),
                     class: None,
                     summary: String::new(),
                     verdict: "ok",
                     wait: None,
                 });
-                return Relayed { response: stream_to_client(resp, upstream), upstream: Some(index), attempts };
+                return Relayed { answer, upstream: Some(index), attempts };
             }
-            Ok(resp) => {
-                let (parts, bytes) = read_error(resp, remaining).await;
-                let outcome = classify::classify(
-                    parts.status,
-                    &parts.headers,
-                    &bytes,
-                    &upstream.config.rules,
-                    jiff::Timestamp::now(),
-                );
-                (outcome, Some((parts, bytes)))
-            }
-            Err(SendError::Transport(detail)) => {
-                (classify::classify_transport(&TransportFailure::Connection(detail)), None)
-            }
-            Err(SendError::Timeout(after)) => {
-                let failure = TransportFailure::Timeout(format!("no response headers within {after:?}"));
-                (classify::classify_transport(&failure), None)
-            }
+            Attempt::Failure(outcome, buffered) => (outcome, buffered),
         };
         let now = Instant::now();
         let situation = Situation {
             outcome: &outcome,
             attempts: attempts.len() as u32 + 1,
-            policy: settings.policy,
-            remaining: req.deadline.saturating_duration_since(now),
+            policy: &gw.config.retry,
+            remaining: job.deadline.saturating_duration_since(now),
             budget_ok: upstream.budget.has_room(std::time::Instant::now()),
-            chained: req.chained,
+            chained: job.chained,
             jitter: fastrand::f64(),
         };
         let decision = retry::decide(&situation);
-        let verdict = match &decision {
-            Decision::Retry { .. } => "retry_same",
-            Decision::GiveUp(GiveUp::NotRetryable) if outcome.rule.as_ref().is_some_and(|r| r.fatal) => "fatal",
-            Decision::GiveUp(_) => "give_up",
-        };
         attempts.push(AttemptLog {
             upstream: index,
             status: outcome.status,
             class: Some(outcome.class),
             summary: outcome.summary.clone(),
-            verdict,
+            verdict: match &decision {
+                Decision::Retry { .. } => "retry_same",
+                Decision::GiveUp(GiveUp::NotRetryable) if outcome.rule.as_ref().is_some_and(|r| r.fatal) => "fatal",
+                Decision::GiveUp(_) => "give_up",
+            },
             wait: match &decision {
                 Decision::Retry { wait, .. } => Some(*wait),
                 Decision::GiveUp(_) => None,
@@ -178,18 +172,76 @@ pub async fn relay(upstreams: &[Upstream], settings: &Settings<'_>, req: RelayRe
             }
             Decision::GiveUp(why) => {
                 let ctx = answer::Context {
-                    protocol: req.protocol,
                     upstream,
                     attempts: attempts.len() as u32,
                     elapsed: started.elapsed(),
-                    policy: settings.policy,
-                    stop_client_retries: settings.stop_client_retries,
+                    policy: &gw.config.retry,
+                    stop_client_retries: gw.config.stop_client_retries,
                 };
-                let response = answer::give_up(&ctx, why, &outcome, answer);
-                return Relayed { response, upstream: Some(index), attempts };
+                let answer = answer::give_up(&ctx, why, &outcome, buffered);
+                return Relayed { answer, upstream: Some(index), attempts };
             }
         }
     }
+}
+
+/// One attempt: send, and turn whatever came back into an answer or a
+/// classified failure.
+async fn attempt(job: &Job, upstream: &Upstream, body: Bytes, remaining: Duration) -> Attempt {
+    let timeout = upstream.config.header_timeout.min(remaining);
+    let rules = &upstream.config.rules;
+    let now = jiff::Timestamp::now;
+    let resp = match upstream.send(upstream.request(body, &job.client_headers), timeout).await {
+        Ok(resp) => resp,
+        Err(SendError::Transport(detail)) => {
+            return Attempt::Failure(classify::classify_transport(&TransportFailure::Connection(detail)), None);
+        }
+        Err(SendError::Timeout(after)) => {
+            let failure = TransportFailure::Timeout(format!("no response headers within {after:?}"));
+            return Attempt::Failure(classify::classify_transport(&failure), None);
+        }
+    };
+    if !resp.status().is_success() {
+        let (parts, bytes) = read_error(resp, remaining).await;
+        let outcome = classify::classify(parts.status, &parts.headers, &bytes, rules, now());
+        return Attempt::Failure(outcome, Some((parts, bytes)));
+    }
+    let (mut parts, incoming) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let idle = upstream.config.stream_idle_timeout;
+    let name = &upstream.config.name;
+    if !is_sse(&parts.headers) {
+        return Attempt::Success(Answer::Stream(parts, RelayBody::raw(incoming, idle, job.protocol, name)));
+    }
+    let wait = idle.min(job.deadline.saturating_duration_since(Instant::now()));
+    match handshake::handshake(incoming, job.protocol, wait).await {
+        Handshake::Open { inner, scanner, ready } => {
+            Attempt::Success(Answer::Stream(parts, RelayBody::sse(inner, idle, scanner, ready, job.protocol, name)))
+        }
+        Handshake::Rejected(data) => {
+            let status = StatusCode::from_u16(handshake::frame_status(&data)).unwrap_or(StatusCode::OK);
+            let outcome = classify::classify(status, &parts.headers, &data, rules, now());
+            let mut error = http::Response::new(());
+            *error.status_mut() = if status.is_success() { StatusCode::BAD_GATEWAY } else { status };
+            error.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+            Attempt::Failure(outcome, Some((error.into_parts().0, data)))
+        }
+        Handshake::Empty => {
+            let note = b"empty stream: the upstream ended the stream before any content";
+            Attempt::Failure(classify::classify(StatusCode::OK, &parts.headers, note, rules, now()), None)
+        }
+        Handshake::Broken(detail) => {
+            let failure = TransportFailure::Connection(format!("stream broke before any content: {detail}"));
+            Attempt::Failure(classify::classify_transport(&failure), None)
+        }
+    }
+}
+
+fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
 }
 
 /// Reads a (small) error body; on failure or overflow, whatever could be
@@ -209,11 +261,4 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         headers.remove(name);
     }
     headers.remove("keep-alive");
-}
-
-fn stream_to_client(resp: http::Response<hyper::body::Incoming>, upstream: &Upstream) -> Response {
-    let (mut parts, incoming) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    let body = RelayBody::new(incoming, upstream.config.stream_idle_timeout);
-    Response::from_parts(parts, Body::new(body))
 }

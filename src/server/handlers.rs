@@ -1,6 +1,8 @@
-//! Thin handlers: authenticate, read, route, relay, label the answer.
+//! Thin handlers: authenticate, read, route, hand over to the relay, label
+//! the answer.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -8,25 +10,25 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, header, request::Parts};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use std::time::Duration;
-
 use tokio::time::Instant;
 
 use super::Gateway;
 use super::auth::authenticate;
 use crate::error::GatewayError;
-use crate::protocol::{self, PeekError, Protocol};
-use crate::relay;
+use crate::protocol::{self, Protocol};
+use crate::relay::{self, Answer, Job, Relayed};
+use crate::report::{Outcome, Report};
+use crate::stream::waiting::{Progress, RelayFuture, WaitingBody};
 use crate::upstream::HOP_HEADER;
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    proxy(&gw, Protocol::OpenAi, req).await
+    proxy(gw, Protocol::OpenAi, req).await
 }
 
 /// `POST /v1/messages`.
 pub async fn messages(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    proxy(&gw, Protocol::Anthropic, req).await
+    proxy(gw, Protocol::Anthropic, req).await
 }
 
 /// `GET /v1/models`: the configured aliases. Clients that send
@@ -56,86 +58,124 @@ pub async fn fallback(req: Request) -> Response {
     GatewayError::NoRoute(format!("{} {}", req.method(), req.uri().path())).into_response(protocol)
 }
 
-/// What the one log line per request reports.
-#[derive(Default)]
-struct Facts<'a> {
-    client: Option<&'a str>,
-    model: Option<String>,
-    stream: bool,
-    upstream: Option<usize>,
-    attempts: usize,
+async fn proxy(gw: Arc<Gateway>, protocol: Protocol, req: Request) -> Response {
+    let id = uuid::Uuid::now_v7();
+    let mut report = Report::new(id, Instant::now());
+    let (parts, body) = req.into_parts();
+    let job = match prepare(&gw, protocol, parts, body, &mut report).await {
+        Ok(job) => job,
+        Err(error) => {
+            report.status = error.status().as_u16();
+            report.error = Some(error.to_string());
+            report.finish(Outcome::Rejected);
+            return label(error.into_response(protocol), id, None, 0);
+        }
+    };
+    let keepalive = if job.head.stream { gw.config.stream_keepalive_after } else { None };
+    let progress = job.progress.clone();
+    let mut relay_future: RelayFuture = Box::pin(relay::relay(job));
+    let relayed = match keepalive {
+        None => relay_future.await,
+        Some(after) => {
+            tokio::select! {
+                relayed = &mut relay_future => relayed,
+                () = tokio::time::sleep(after) => {
+                    return commit_waiting(&gw, protocol, relay_future, progress, report);
+                }
+            }
+        }
+    };
+    respond(&gw, protocol, relayed, report)
 }
 
-async fn proxy(gw: &Gateway, protocol: Protocol, req: Request) -> Response {
-    let started = Instant::now();
-    let id = uuid::Uuid::now_v7();
-    let (parts, body) = req.into_parts();
-    let mut facts = Facts::default();
-    let gone = ClientGone { id };
-    let mut resp = match handle(gw, protocol, &parts, body, &mut facts).await {
-        Ok(resp) => resp,
-        Err(err) => err.into_response(protocol),
+/// The relay finished before any keep-alive: answer with its result.
+fn respond(gw: &Gateway, protocol: Protocol, relayed: Relayed, mut report: Report) -> Response {
+    let upstream = relayed.upstream.and_then(|i| gw.upstreams.get(i)).map(|u| u.config.name.clone());
+    let attempts = relayed.attempts.len();
+    report.upstream = upstream.clone();
+    report.attempts = relayed.attempts;
+    report.class = relayed.answer.class();
+    let id = report.id;
+    let response = match relayed.answer {
+        Answer::Stream(parts, mut body) => {
+            report.status = parts.status.as_u16();
+            body.attach(report);
+            Answer::Stream(parts, body).into_response(protocol)
+        }
+        other => {
+            let outcome = match &other {
+                Answer::Gateway(_) => Outcome::Failed,
+                Answer::Verbatim { class, .. } if class.retryable() => Outcome::Failed,
+                Answer::Verbatim { .. } | Answer::Stream(..) => Outcome::Completed,
+            };
+            if let Answer::Gateway(error) = &other {
+                report.error = Some(error.to_string());
+            }
+            let response = other.into_response(protocol);
+            report.status = response.status().as_u16();
+            report.finish(outcome);
+            response
+        }
     };
-    let upstream = facts.upstream.and_then(|i| gw.upstreams.get(i)).map(|u| u.config.name.as_str());
-    let headers = resp.headers_mut();
+    label(response, id, upstream.as_deref(), attempts)
+}
+
+/// The relay is still waiting after `stream_keepalive_after`: commit 200
+/// and SSE headers now, and let the body run the rest of the loop.
+fn commit_waiting(
+    gw: &Gateway,
+    protocol: Protocol,
+    relay: RelayFuture,
+    progress: Arc<Progress>,
+    mut report: Report,
+) -> Response {
+    report.status = 200;
+    let id = report.id;
+    let names: Arc<[String]> = gw.upstreams.iter().map(|u| u.config.name.clone()).collect();
+    let attempts = progress.attempt.load(std::sync::atomic::Ordering::Relaxed) as usize;
+    let body = WaitingBody::new(relay, gw.config.stream_keepalive_every, progress, names, protocol, report);
+    let mut response = Response::new(Body::new(body));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    label(response, id, None, attempts)
+}
+
+/// The headers every answer carries.
+fn label(mut response: Response, id: uuid::Uuid, upstream: Option<&str>, attempts: usize) -> Response {
+    let headers = response.headers_mut();
     if let Ok(v) = HeaderValue::try_from(id.to_string()) {
         headers.insert("x-tidegate-request-id", v);
     }
-    let upstream_header = upstream.and_then(|u| HeaderValue::try_from(u).ok());
-    headers.insert("x-tidegate-upstream", upstream_header.unwrap_or(HeaderValue::from_static("none")));
-    headers.insert("x-tidegate-attempts", HeaderValue::from(facts.attempts));
-    tracing::info!(
-        id = %id,
-        client = facts.client.unwrap_or("-"),
-        model = facts.model.as_deref().unwrap_or("-"),
-        stream = facts.stream,
-        upstream = upstream.unwrap_or("-"),
-        attempts = facts.attempts,
-        status = resp.status().as_u16(),
-        ms = started.elapsed().as_secs_f64() * 1000.0,
-        "request"
-    );
-    // Answered: disarm the cancellation log line.
-    std::mem::forget(gone);
-    resp
+    let upstream = upstream.and_then(|u| HeaderValue::try_from(u).ok());
+    headers.insert("x-tidegate-upstream", upstream.unwrap_or(HeaderValue::from_static("none")));
+    headers.insert("x-tidegate-attempts", HeaderValue::from(attempts));
+    response
 }
 
-/// Logs a request whose client disconnected before the answer was ready
-/// (hyper then drops the handler future, and with it the upstream call).
-struct ClientGone {
-    id: uuid::Uuid,
-}
-
-impl Drop for ClientGone {
-    fn drop(&mut self) {
-        tracing::info!(id = %self.id, "request cancelled: the client went away before the answer");
-    }
-}
-
-async fn handle<'g>(
-    gw: &'g Gateway,
+/// Everything before the first upstream call: auth, body, model, route,
+/// deadline. Errors here are tidegate's own answers.
+async fn prepare(
+    gw: &Arc<Gateway>,
     protocol: Protocol,
-    parts: &Parts,
+    parts: Parts,
     body: Body,
-    facts: &mut Facts<'g>,
-) -> Result<Response, GatewayError> {
-    facts.client = authenticate(&gw.config.client_keys, &parts.headers).map_err(|()| GatewayError::Unauthorized)?;
+    report: &mut Report,
+) -> Result<Job, GatewayError> {
+    report.client = authenticate(&gw.config.client_keys, &parts.headers)
+        .map_err(|()| GatewayError::Unauthorized)?
+        .map(str::to_owned);
     let body = read_body(body, &parts.headers, gw.config.max_body).await?;
-    let head = protocol::peek(&body).map_err(|e| match e {
-        PeekError::Malformed(_) | PeekError::MissingModel | PeekError::ModelNotString => {
-            GatewayError::BadRequest(e.to_string())
-        }
-    })?;
-    facts.model = Some(head.model.clone());
-    facts.stream = head.stream;
-    let route = match gw.config.route(&head.model) {
-        Some(route) if route.protocol == protocol => route,
-        Some(route) => {
+    let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
+    report.model = Some(head.model.clone());
+    report.stream = head.stream;
+    let (route, (_, model)) = match gw.config.models.get_full(&head.model) {
+        Some((index, _, model)) if model.protocol == protocol => (index, (index, model)),
+        Some((_, _, model)) => {
             return Err(GatewayError::UnknownModel(format!(
                 "model {:?} is served on {} ({} protocol), not on {}",
                 head.model,
-                route.protocol.endpoint(),
-                route.protocol,
+                model.protocol.endpoint(),
+                model.protocol,
                 protocol.endpoint()
             )));
         }
@@ -148,25 +188,18 @@ async fn handle<'g>(
             )));
         }
     };
-    let deadline = deadline(route.deadline, &parts.headers)?;
-    let settings = relay::Settings { policy: &gw.config.retry, stop_client_retries: gw.config.stop_client_retries };
-    let relayed = relay::relay(
-        &gw.upstreams,
-        &settings,
-        relay::RelayRequest {
-            protocol,
-            route,
-            head: &head,
-            body: &body,
-            client_headers: &parts.headers,
-            deadline,
-            chained: parts.headers.contains_key(HOP_HEADER),
-        },
-    )
-    .await;
-    facts.upstream = relayed.upstream;
-    facts.attempts = relayed.attempts.len();
-    Ok(relayed.response)
+    let deadline = deadline(model.deadline, &parts.headers)?;
+    Ok(Job {
+        gw: gw.clone(),
+        protocol,
+        route,
+        chained: parts.headers.contains_key(HOP_HEADER),
+        head,
+        body,
+        client_headers: parts.headers,
+        deadline,
+        progress: Arc::new(Progress::default()),
+    })
 }
 
 /// The request's deadline: the alias's, shortened (never lengthened) by a
@@ -189,8 +222,7 @@ fn deadline(route_deadline: Duration, headers: &HeaderMap) -> Result<Instant, Ga
 /// Reads the whole request body, refusing more than `max` bytes (at once
 /// from `Content-Length` when the client sent one).
 async fn read_body(body: Body, headers: &HeaderMap, max: usize) -> Result<Bytes, GatewayError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max as u64) {
         return Err(GatewayError::TooLarge { limit: max });
     }
@@ -203,10 +235,12 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize) -> Result<Bytes,
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    use http::StatusCode;
+
     #[test]
     fn status_codes_are_the_documented_ones() {
-        use super::*;
-        use http::StatusCode;
         assert_eq!(GatewayError::TooLarge { limit: 1 }.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(GatewayError::Unauthorized.status(), StatusCode::UNAUTHORIZED);
     }

@@ -1,0 +1,139 @@
+//! What one request did, told once, when it is really over.
+//!
+//! A request's end is not when its handler returns: a stream ends when its
+//! last byte is sent, or when the client goes away mid-way. The [`Report`]
+//! travels with the response body and is finished exactly once — by
+//! whoever sees the end — with an honest outcome. Dropped unfinished, it
+//! records the request as cancelled. Today it writes the request's log
+//! line; the journal reads the same record.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::classify::Class;
+use crate::relay::AttemptLog;
+use crate::stream::sse::Usage;
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered in full (including an upstream's verbatim error answer to
+    /// a request that could not succeed as sent).
+    Completed,
+    /// A stream cut after content was sent.
+    Incomplete,
+    /// tidegate gave up (capacity/transient exhausted, deadline).
+    Failed,
+    /// The client went away first.
+    Cancelled,
+    /// Refused before any upstream was asked (auth, bad input).
+    Rejected,
+}
+
+impl Outcome {
+    /// Lower-case name for logs and the journal.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Incomplete => "incomplete",
+            Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
+/// The record of one request.
+#[derive(Debug)]
+pub struct Report {
+    /// Request id (`x-tidegate-request-id`).
+    pub id: uuid::Uuid,
+    /// When the request arrived.
+    pub started: Instant,
+    /// Client key name.
+    pub client: Option<String>,
+    /// Model alias asked for.
+    pub model: Option<String>,
+    /// Client asked for SSE.
+    pub stream: bool,
+    /// Upstream that gave the final answer.
+    pub upstream: Option<String>,
+    /// Every attempt.
+    pub attempts: Vec<AttemptLog>,
+    /// Status sent to the client.
+    pub status: u16,
+    /// Error class of the final failure, if any.
+    pub class: Option<Class>,
+    /// Error message (what the client was told, or why a stream broke).
+    pub error: Option<String>,
+    /// Time to the first byte sent to the client.
+    pub ttfb: Option<Duration>,
+    /// Tokens reported by the upstream.
+    pub usage: Usage,
+    /// Text already delivered when a stream broke.
+    pub partial: Option<String>,
+    finished: bool,
+}
+
+impl Report {
+    /// A fresh record for a request that just arrived.
+    pub fn new(id: uuid::Uuid, started: Instant) -> Self {
+        Self {
+            id,
+            started,
+            client: None,
+            model: None,
+            stream: false,
+            upstream: None,
+            attempts: Vec::new(),
+            status: 0,
+            class: None,
+            error: None,
+            ttfb: None,
+            usage: Usage::default(),
+            partial: None,
+            finished: false,
+        }
+    }
+
+    /// Records the end with `outcome` and writes the request's log line.
+    pub fn finish(mut self, outcome: Outcome) {
+        self.write(outcome);
+    }
+
+    fn write(&mut self, outcome: Outcome) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        tracing::info!(
+            id = %self.id,
+            client = self.client.as_deref().unwrap_or("-"),
+            model = self.model.as_deref().unwrap_or("-"),
+            stream = self.stream,
+            upstream = self.upstream.as_deref().unwrap_or("-"),
+            attempts = self.attempts.len(),
+            status = self.status,
+            outcome = outcome.as_str(),
+            class = self.class.map_or("-", Class::as_str),
+            ms,
+            ttfb_ms = self.ttfb.map_or(-1.0, |d| d.as_secs_f64() * 1000.0),
+            tokens_in = self.usage.input.unwrap_or(0),
+            tokens_out = self.usage.output.unwrap_or(0),
+            error = self.error.as_deref().unwrap_or("-"),
+            "request"
+        );
+    }
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        // Nobody saw the end: the client went away (hyper dropped the
+        // handler or the body) before it came.
+        if !self.finished {
+            self.write(Outcome::Cancelled);
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! The response body relayed to the client, and the stream handshake.
+//!
+//! [`RelayBody`] forwards upstream bytes as they arrive. For SSE it forwards
+//! whole events (a partial event is held only until its end arrives), reads
+//! usage and text on the way without delaying anything, and never lets a
+//! broken stream look finished: a dropped connection, an idle gap above
+//! `stream_idle_timeout` or an end without the protocol's end marker becomes
+//! a protocol-shaped error event, and the request is reported `incomplete`
+//! with the text already delivered. Dropping the body (client gone) drops
+//! the upstream connection at once.
+
+pub mod handshake;
+pub mod sse;
+pub mod waiting;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+use crate::classify::Class;
+use crate::protocol::{self, ErrorKind, Protocol};
+use crate::report::{Outcome, Report};
+use sse::{Kind, Scanner};
+
+/// Most text kept for a report of a broken stream.
+pub const PARTIAL_CAP: usize = 64 * 1024;
+
+/// Why a relayed raw (non-SSE) body ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The upstream connection failed mid-body.
+    #[error("upstream body failed: {0}")]
+    Upstream(#[from] hyper::Error),
+    /// No chunk within the idle limit.
+    #[error("upstream sent nothing for {0:?}")]
+    Idle(Duration),
+}
+
+/// Upstream body on its way to the client.
+pub struct RelayBody {
+    inner: Option<Incoming>,
+    idle: Duration,
+    last_frame: Instant,
+    /// Armed lazily: a body that is always ready never touches the timer.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// `Some` for SSE: event-aware forwarding.
+    sse: Option<Scanner>,
+    /// Bytes of `sse` already scanned and ready to forward.
+    ready: usize,
+    protocol: Protocol,
+    upstream: String,
+    /// A last frame to send (a synthesised error event), then the end.
+    last: Option<Bytes>,
+    report: Option<Report>,
+    outcome: Option<(Outcome, Option<String>)>,
+}
+
+impl RelayBody {
+    /// A body passed through as is (JSON answers).
+    pub fn raw(inner: Incoming, idle: Duration, protocol: Protocol, upstream: &str) -> Self {
+        Self::new(inner, idle, None, 0, protocol, upstream)
+    }
+
+    /// An SSE body continuing from a handshake: `scanner` holds what was
+    /// read so far, `ready` bytes of which are complete events to send first.
+    pub fn sse(inner: Incoming, idle: Duration, scanner: Scanner, ready: usize, protocol: Protocol, upstream: &str) -> Self {
+        Self::new(inner, idle, Some(scanner), ready, protocol, upstream)
+    }
+
+    fn new(
+        inner: Incoming,
+        idle: Duration,
+        sse: Option<Scanner>,
+        ready: usize,
+        protocol: Protocol,
+        upstream: &str,
+    ) -> Self {
+        Self {
+            inner: Some(inner),
+            idle,
+            last_frame: Instant::now(),
+            timer: None,
+            sse,
+            ready,
+            protocol,
+            upstream: upstream.to_owned(),
+            last: None,
+            report: None,
+            outcome: None,
+        }
+    }
+
+    /// Hands the request's report to the body, which finishes it at the end.
+    pub fn attach(&mut self, report: Report) {
+        self.report = Some(report);
+    }
+
+    /// Ends the stream with a protocol-shaped error event.
+    fn break_stream(&mut self, why: String) -> Option<Bytes> {
+        self.inner = None;
+        let seen = self.sse.as_ref().map(|s| &s.seen);
+        let chunks = seen.map_or(0, |s| s.events);
+        let message =
+            format!("tidegate: the stream from upstream {} broke after {chunks} events: {why}; the answer is incomplete", self.upstream);
+        self.outcome = Some((Outcome::Incomplete, Some(message.clone())));
+        Some(error_event(self.protocol, ErrorKind::Api, &message))
+    }
+
+    fn end(&mut self) {
+        let (outcome, error) = self.outcome.take().unwrap_or((Outcome::Completed, None));
+        if let Some(mut report) = self.report.take() {
+            if let Some(sse) = &mut self.sse {
+                report.usage = sse.seen.usage;
+                if outcome == Outcome::Incomplete {
+                    report.partial = Some(std::mem::take(&mut sse.seen.text));
+                    report.class = Some(Class::Transient);
+                }
+            }
+            report.error = error.or(report.error.take());
+            report.finish(outcome);
+        }
+    }
+
+    fn first_byte(&mut self) {
+        if let Some(r) = &mut self.report {
+            if r.ttfb.is_none() {
+                r.ttfb = Some(r.started.elapsed());
+            }
+        }
+    }
+
+    /// Scans buffered SSE bytes: returns a frame of complete events to send,
+    /// stopping after an upstream error event.
+    fn drain_events(&mut self) -> Option<Bytes> {
+        let sse = self.sse.as_mut()?;
+        let mut error = false;
+        while let Some((kind, end)) = sse.next_event() {
+            self.ready = end;
+            if kind == Kind::Error {
+                error = true;
+                break;
+            }
+        }
+        if error {
+            // The upstream's own error event is the protocol-correct
+            // error: send it, and nothing after it (no `[DONE]`).
+            self.inner = None;
+            let detail = sse.seen.error.as_deref().map(|e| String::from_utf8_lossy(e).into_owned()).unwrap_or_default();
+            self.outcome = Some((Outcome::Incomplete, Some(format!("upstream error event mid-stream: {detail}"))));
+        }
+        if self.ready == 0 {
+            return None;
+        }
+        let out = sse.take(self.ready);
+        self.ready = 0;
+        Some(out)
+    }
+}
+
+/// An error event in `protocol`'s streaming shape: Anthropic
+/// `event: error`, OpenAI a final `data: {"error":...}`.
+pub fn error_event(protocol: Protocol, kind: ErrorKind, message: &str) -> Bytes {
+    let body = protocol::error_body(protocol, kind, message, None);
+    let text = String::from_utf8_lossy(&body);
+    Bytes::from(match protocol {
+        Protocol::Anthropic => format!("event: error\ndata: {text}\n\n"),
+        Protocol::OpenAi => format!("data: {text}\n\n"),
+    })
+}
+
+impl Body for RelayBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(frame) = this.drain_events() {
+                this.first_byte();
+                return Poll::Ready(Some(Ok(Frame::data(frame))));
+            }
+            if let Some(last) = this.last.take() {
+                return Poll::Ready(Some(Ok(Frame::data(last))));
+            }
+            let Some(inner) = this.inner.as_mut() else {
+                this.end();
+                return Poll::Ready(None);
+            };
+            match Pin::new(inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.last_frame = Instant::now();
+                    let Ok(data) = frame.into_data() else { continue };
+                    match this.sse.as_mut() {
+                        Some(sse) => sse.feed(&data),
+                        None => {
+                            this.first_byte();
+                            // hyper stops polling once a sized body is
+                            // complete: record the end with the last bytes.
+                            if this.inner.as_ref().is_some_and(|i| i.is_end_stream()) {
+                                this.inner = None;
+                                this.end();
+                            }
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(err))) => {
+                    if this.sse.is_none() {
+                        this.inner = None;
+                        this.outcome = Some((Outcome::Incomplete, Some(format!("upstream body failed: {err}"))));
+                        this.end();
+                        return Poll::Ready(Some(Err(BodyError::Upstream(err))));
+                    }
+                    this.last = this.break_stream(format!("connection to the upstream failed ({err})"));
+                }
+                Poll::Ready(None) => {
+                    this.inner = None;
+                    let unfinished = this.sse.as_ref().is_some_and(|s| !s.seen.complete);
+                    if unfinished {
+                        this.last = this.break_stream("the upstream ended the stream without its end marker".into());
+                    }
+                }
+                Poll::Pending => {
+                    let deadline = this.last_frame + this.idle;
+                    let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    if timer.deadline() != deadline {
+                        timer.as_mut().reset(deadline);
+                    }
+                    if timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    if this.sse.is_none() {
+                        this.inner = None;
+                        this.outcome = Some((Outcome::Incomplete, Some(format!("upstream silent for {:?}", this.idle))));
+                        this.end();
+                        return Poll::Ready(Some(Err(BodyError::Idle(this.idle))));
+                    }
+                    this.last = this.break_stream(format!("the upstream sent nothing for {:?}", this.idle));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Never claim the end early: the end is where the report is written.
+        false
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.inner, &self.sse) {
+            (Some(inner), None) => inner.size_hint(),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        // Dropped before the end: the client went away mid-answer; the
+        // report's own drop records it as cancelled, with what was sent.
+        if let (Some(report), Some(sse)) = (self.report.as_mut(), self.sse.as_mut()) {
+            report.usage = sse.seen.usage;
+            if sse.seen.content {
+                report.partial = Some(std::mem::take(&mut sse.seen.text));
+            }
+        }
+    }
+}
