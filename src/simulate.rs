@@ -47,16 +47,43 @@ pub struct Behavior {
     pub error_body: String,
     /// Content type sent with `status`.
     pub error_content_type: String,
+    /// Wait between a stream's headers and its first event.
+    pub first_chunk_delay_ms: u64,
+    /// Cut the connection after this many stream events (a mid-stream drop).
+    pub drop_after: Option<usize>,
     /// Answers for the first requests to this model, in order; once used
     /// up, the behaviour above applies.
     pub script: Vec<Fault>,
+}
+
+/// How a scripted fault is delivered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultMode {
+    /// An HTTP answer with `status` and `body`.
+    #[default]
+    Http,
+    /// HTTP 200 and an SSE stream whose only event is `body` as an error
+    /// (then `[DONE]` for OpenAI).
+    ErrorFrame,
+    /// HTTP 200, SSE headers, and the stream closes at once.
+    EmptyStream,
+    /// A normal stream cut (connection dropped) after `status` events.
+    DropAfter,
+    /// `status` events of a normal stream, then `body` as an error event
+    /// (then `[DONE]` for OpenAI).
+    ErrorMidStream,
 }
 
 /// One scripted answer.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fault {
-    /// HTTP status.
+    /// How the fault is delivered.
+    #[serde(default)]
+    pub mode: FaultMode,
+    /// HTTP status (for `drop_after`: the number of events sent first).
+    #[serde(default)]
     pub status: u16,
     /// Body.
     #[serde(default)]
@@ -76,7 +103,27 @@ fn json() -> String {
 impl Fault {
     /// A fault with status and body, JSON content type, no headers.
     pub fn new(status: u16, body: &str) -> Self {
-        Self { status, body: body.into(), content_type: json(), headers: HashMap::new() }
+        Self { mode: FaultMode::Http, status, body: body.into(), content_type: json(), headers: HashMap::new() }
+    }
+
+    /// A 200 stream whose only event is the error `body`.
+    pub fn error_frame(body: &str) -> Self {
+        Self { mode: FaultMode::ErrorFrame, ..Self::new(200, body) }
+    }
+
+    /// A 200 stream that closes before any event.
+    pub fn empty_stream() -> Self {
+        Self { mode: FaultMode::EmptyStream, ..Self::new(200, "") }
+    }
+
+    /// `events` normal events, then the error `body` as an event.
+    pub fn error_mid_stream(events: u16, body: &str) -> Self {
+        Self { mode: FaultMode::ErrorMidStream, ..Self::new(events, body) }
+    }
+
+    /// A normal stream dropped after `events` events.
+    pub fn drop_after(events: u16) -> Self {
+        Self { mode: FaultMode::DropAfter, ..Self::new(events, "") }
     }
 
     /// Adds a response header.
@@ -95,6 +142,8 @@ impl Default for Behavior {
             status: None,
             error_body: String::new(),
             error_content_type: "application/json".into(),
+            first_chunk_delay_ms: 0,
+            drop_after: None,
             script: Vec::new(),
         }
     }
@@ -257,7 +306,28 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
     if behavior.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(behavior.latency_ms)).await;
     }
+    let mut drop_after = behavior.drop_after;
+    let mut error_after: Option<(usize, &str)> = None;
     if let Some(fault) = behavior.script.get(nth) {
+        match fault.mode {
+            FaultMode::Http => {}
+            FaultMode::ErrorMidStream => error_after = Some((usize::from(fault.status), fault.body.as_str())),
+            FaultMode::DropAfter => drop_after = Some(usize::from(fault.status)),
+            FaultMode::ErrorFrame => {
+                flight.finish();
+                let frame = match protocol {
+                    Protocol::OpenAi => format!("data: {}\n\ndata: [DONE]\n\n", fault.body),
+                    Protocol::Anthropic => format!("event: error\ndata: {}\n\n", fault.body),
+                };
+                return respond(StatusCode::OK, "text/event-stream", Body::from(frame));
+            }
+            FaultMode::EmptyStream => {
+                flight.finish();
+                return respond(StatusCode::OK, "text/event-stream", Body::empty());
+            }
+        }
+    }
+    if let Some(fault) = behavior.script.get(nth).filter(|f| f.mode == FaultMode::Http) {
         flight.finish();
         let status = StatusCode::from_u16(fault.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut resp = respond(status, &fault.content_type, Body::from(fault.body.clone()));
@@ -274,12 +344,22 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
         return respond(status, &behavior.error_content_type, Body::from(behavior.error_body.clone()));
     }
     if head.stream {
-        let frames = sse_frames(protocol, &head.model, behavior.chunks);
+        let mut frames = sse_frames(protocol, &head.model, behavior.chunks);
+        if let Some((n, error)) = error_after {
+            frames.truncate(n);
+            frames.push(Bytes::from(match protocol {
+                Protocol::OpenAi => format!("data: {error}\n\ndata: [DONE]\n\n"),
+                Protocol::Anthropic => format!("event: error\ndata: {error}\n\n"),
+            }));
+        }
+        let first = Duration::from_millis(behavior.first_chunk_delay_ms);
         let body = SseBody {
             frames: frames.into_iter(),
             delay: Duration::from_millis(behavior.chunk_delay_ms),
-            sleep: None,
+            sleep: (!first.is_zero()).then(|| Box::pin(tokio::time::sleep(first))),
             flight: Some(flight),
+            drop_after,
+            sent: 0,
         };
         return respond(StatusCode::OK, "text/event-stream", Body::new(body));
     }
@@ -375,11 +455,13 @@ struct SseBody {
     delay: Duration,
     sleep: Option<Pin<Box<Sleep>>>,
     flight: Option<Flight>,
+    drop_after: Option<usize>,
+    sent: usize,
 }
 
 impl http_body::Body for SseBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = std::io::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
@@ -389,8 +471,21 @@ impl http_body::Body for SseBody {
             }
             this.sleep = None;
         }
+        if this.drop_after.is_some_and(|n| this.sent >= n) {
+            // Pause once so hyper flushes what was sent, then fail: an
+            // error makes hyper abort the connection, a mid-stream drop.
+            if this.sent != usize::MAX {
+                this.sent = usize::MAX;
+                let mut pause = Box::pin(tokio::time::sleep(Duration::from_millis(20)));
+                let _ = pause.as_mut().poll(cx);
+                this.sleep = Some(pause);
+                return Poll::Pending;
+            }
+            return Poll::Ready(Some(Err(std::io::Error::other("simulated connection drop"))));
+        }
         match this.frames.next() {
             Some(frame) => {
+                this.sent += 1;
                 if !this.delay.is_zero() && this.frames.len() > 0 {
                     this.sleep = Some(Box::pin(tokio::time::sleep(this.delay)));
                 }

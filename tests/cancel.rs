@@ -49,14 +49,11 @@ async fn silent_stream_is_cut_after_idle_timeout() {
     let sim = sim(&[("real-gpt", Behavior { chunks: 3, chunk_delay_ms: 5_000, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "    stream_idle_timeout: 300ms", "")).await;
     let started = Instant::now();
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .body(r#"{"model":"gpt","stream":true}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp =
+        client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"gpt","stream":true}"#).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    let text = tokio::time::timeout(Duration::from_secs(4), resp.text()).await.expect("silent stream kept open").unwrap();
+    let text =
+        tokio::time::timeout(Duration::from_secs(4), resp.text()).await.expect("silent stream kept open").unwrap();
     assert!(started.elapsed() < Duration::from_secs(4));
     assert!(text.contains("chat.completion.chunk"), "first chunk missing: {text}");
     // Not a clean end: an OpenAI-shaped error event, and no [DONE].

@@ -110,8 +110,7 @@ pub async fn relay(job: Job) -> Relayed {
     let started = Instant::now();
     let mut attempts: Vec<AttemptLog> = Vec::new();
     let target = gw.config.models.get_index(job.route).and_then(|(_, r)| r.targets.first());
-    let Some((index, upstream, target)) =
-        target.and_then(|t| gw.upstreams.get(t.upstream).map(|u| (t.upstream, u, t)))
+    let Some((index, upstream, target)) = target.and_then(|t| gw.upstreams.get(t.upstream).map(|u| (t.upstream, u, t)))
     else {
         let error = crate::error::GatewayError::UnknownModel("model has no usable target".into());
         return Relayed { answer: Answer::Gateway(error), upstream: None, attempts };

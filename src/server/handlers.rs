@@ -222,7 +222,8 @@ fn deadline(route_deadline: Duration, headers: &HeaderMap) -> Result<Instant, Ga
 /// Reads the whole request body, refusing more than `max` bytes (at once
 /// from `Content-Length` when the client sent one).
 async fn read_body(body: Body, headers: &HeaderMap, max: usize) -> Result<Bytes, GatewayError> {
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max as u64) {
         return Err(GatewayError::TooLarge { limit: max });
     }

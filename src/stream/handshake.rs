@@ -12,8 +12,8 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::sse::{Kind, Scanner};
 use super::PARTIAL_CAP;
+use super::sse::{Kind, Scanner};
 use crate::protocol::Protocol;
 
 /// How a stream's opening went.

@@ -69,7 +69,14 @@ impl RelayBody {
 
     /// An SSE body continuing from a handshake: `scanner` holds what was
     /// read so far, `ready` bytes of which are complete events to send first.
-    pub fn sse(inner: Incoming, idle: Duration, scanner: Scanner, ready: usize, protocol: Protocol, upstream: &str) -> Self {
+    pub fn sse(
+        inner: Incoming,
+        idle: Duration,
+        scanner: Scanner,
+        ready: usize,
+        protocol: Protocol,
+        upstream: &str,
+    ) -> Self {
         Self::new(inner, idle, Some(scanner), ready, protocol, upstream)
     }
 
@@ -106,8 +113,10 @@ impl RelayBody {
         self.inner = None;
         let seen = self.sse.as_ref().map(|s| &s.seen);
         let chunks = seen.map_or(0, |s| s.events);
-        let message =
-            format!("tidegate: the stream from upstream {} broke after {chunks} events: {why}; the answer is incomplete", self.upstream);
+        let message = format!(
+            "tidegate: the stream from upstream {} broke after {chunks} events: {why}; the answer is incomplete",
+            self.upstream
+        );
         self.outcome = Some((Outcome::Incomplete, Some(message.clone())));
         Some(error_event(self.protocol, ErrorKind::Api, &message))
     }
@@ -159,6 +168,9 @@ impl RelayBody {
         }
         let out = sse.take(self.ready);
         self.ready = 0;
+        if error {
+            sse.discard();
+        }
         Some(out)
     }
 }
@@ -237,7 +249,8 @@ impl Body for RelayBody {
                     }
                     if this.sse.is_none() {
                         this.inner = None;
-                        this.outcome = Some((Outcome::Incomplete, Some(format!("upstream silent for {:?}", this.idle))));
+                        this.outcome =
+                            Some((Outcome::Incomplete, Some(format!("upstream silent for {:?}", this.idle))));
                         this.end();
                         return Poll::Ready(Some(Err(BodyError::Idle(this.idle))));
                     }

@@ -97,6 +97,13 @@ impl Scanner {
         Some((kind, end))
     }
 
+    /// Drops everything not yet taken (after an error event: nothing more
+    /// of this stream is relayed).
+    pub fn discard(&mut self) {
+        self.pending.clear();
+        self.scanned = 0;
+    }
+
     /// Takes the first `upto` bytes of `pending` (complete, scanned events).
     pub fn take(&mut self, upto: usize) -> Bytes {
         let out = self.pending.split_to(upto.min(self.pending.len())).freeze();
@@ -123,7 +130,9 @@ fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> 
     let data: Cow<'_, str> = if data.len() == 1 { Cow::Borrowed(data[0]) } else { Cow::Owned(data.join("\n")) };
     let mut text_sink = TextSink { text: &mut seen.text, cap: text_cap };
     let kind = match protocol {
-        Protocol::OpenAi => openai(&mut text_sink, &mut seen.usage, &mut seen.tool_call, &mut seen.complete, name, &data),
+        Protocol::OpenAi => {
+            openai(&mut text_sink, &mut seen.usage, &mut seen.tool_call, &mut seen.complete, name, &data)
+        }
         Protocol::Anthropic => anthropic(&mut text_sink, &mut seen.usage, &mut seen.tool_call, name, &data),
     };
     match kind {

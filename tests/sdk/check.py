@@ -71,13 +71,23 @@ models:
   gpt: {{ targets: [{{ upstream: sim-openai, model: sim-gpt }}] }}
   claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
   busy: {{ targets: [{{ upstream: sim-openai, model: sim-busy }}], deadline: 1s }}
+  drop: {{ targets: [{{ upstream: sim-openai, model: sim-drop }}] }}
+  drop-claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-drop-claude }}] }}
+  slow: {{ targets: [{{ upstream: sim-openai, model: sim-slow }}] }}
+  slow-claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-slow-claude }}] }}
 defaults:
   retry: {{ base_delay: 50ms, max_delay: 100ms }}
+  stream_keepalive_after: 300ms
+  stream_keepalive_every: 300ms
 """)
     sim_config = os.path.join(tmp, "sim.yaml")
     with open(sim_config, "w") as f:
         f.write("""
 models:
+  sim-drop: { drop_after: 3 }
+  sim-drop-claude: { drop_after: 4 }
+  sim-slow: { first_chunk_delay_ms: 1500 }
+  sim-slow-claude: { first_chunk_delay_ms: 1500 }
   sim-busy:
     status: 429
     error_body: '{"error":{"code":"3009","message":"model concurrency limit exceeded"}}'
@@ -121,7 +131,7 @@ def run_checks(base):
 
     def openai_models():
         ids = [m.id for m in oa.models.list()]
-        assert ids == ["gpt", "busy"], ids
+        assert ids == ["gpt", "busy", "drop", "slow"], ids
 
     def openai_typed_errors():
         try:
@@ -151,6 +161,40 @@ def run_checks(base):
         took = time.time() - started
         assert took < 2.5, f"the SDK retried on top of tidegate ({took:.1f}s)"
 
+    def openai_mid_stream_failure_raises():
+        text = ""
+        try:
+            for chunk in oa.chat.completions.create(model="drop", messages=msgs, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+            raise AssertionError(f"stream ended silently after {text!r}")
+        except openai.APIError as e:
+            assert "broke" in str(e.message), e.message
+        assert text == "tok0 tok1 ", repr(text)
+
+    def openai_keepalive_comments_parse():
+        text = ""
+        for chunk in oa.chat.completions.create(model="slow", messages=msgs, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+        assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
+
+    def anthropic_mid_stream_failure_raises():
+        text = ""
+        try:
+            with an.messages.stream(model="drop-claude", max_tokens=32, messages=msgs) as s:
+                for t in s.text_stream:
+                    text += t
+            raise AssertionError(f"stream ended silently after {text!r}")
+        except anthropic.APIError as e:
+            assert "broke" in str(e), e
+        assert text == "tok0 ", repr(text)
+
+    def anthropic_keepalive_comments_parse():
+        with an.messages.stream(model="slow-claude", max_tokens=32, messages=msgs) as s:
+            text = "".join(s.text_stream)
+        assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
+
     def anthropic_non_stream():
         r = an.messages.create(model="claude", max_tokens=32, messages=msgs)
         assert r.model == "sim-claude", r.model
@@ -178,10 +222,12 @@ def run_checks(base):
 
     def anthropic_models():
         ids = [m.id for m in an.models.list()]
-        assert ids == ["claude"], ids
+        assert ids == ["claude", "drop-claude", "slow-claude"], ids
 
     checks = [openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_gives_up_once_not_twice,
-              anthropic_non_stream, anthropic_stream, anthropic_typed_errors, anthropic_models]
+              openai_mid_stream_failure_raises, openai_keepalive_comments_parse,
+              anthropic_non_stream, anthropic_stream, anthropic_typed_errors, anthropic_models,
+              anthropic_mid_stream_failure_raises, anthropic_keepalive_comments_parse]
     passed = failed = 0
     for check in checks:
         try:
