@@ -21,7 +21,7 @@ use crate::upstream::Upstream;
 /// The final answer of the attempt loop.
 pub enum Answer {
     /// A 2xx answer, relayed as it streams.
-    Stream(http::response::Parts, RelayBody),
+    Stream(http::response::Parts, Box<RelayBody>),
     /// The upstream's own error answer, returned as it was.
     Verbatim {
         /// Status and headers.
@@ -39,7 +39,7 @@ impl Answer {
     /// The HTTP response for a client still waiting for headers.
     pub fn into_response(self, protocol: Protocol) -> Response {
         match self {
-            Answer::Stream(parts, body) => Response::from_parts(parts, Body::new(body)),
+            Answer::Stream(parts, body) => Response::from_parts(parts, Body::new(*body)),
             Answer::Verbatim { mut parts, body, .. } => {
                 parts.headers.remove(http::header::CONTENT_LENGTH);
                 Response::from_parts(parts, Body::from(body))

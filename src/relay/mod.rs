@@ -210,13 +210,14 @@ async fn attempt(job: &Job, upstream: &Upstream, body: Bytes, remaining: Duratio
     let idle = upstream.config.stream_idle_timeout;
     let name = &upstream.config.name;
     if !is_sse(&parts.headers) {
-        return Attempt::Success(Answer::Stream(parts, RelayBody::raw(incoming, idle, job.protocol, name)));
+        return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::raw(incoming, idle, job.protocol, name))));
     }
     let wait = idle.min(job.deadline.saturating_duration_since(Instant::now()));
     match handshake::handshake(incoming, job.protocol, wait).await {
-        Handshake::Open { inner, scanner, ready } => {
-            Attempt::Success(Answer::Stream(parts, RelayBody::sse(inner, idle, scanner, ready, job.protocol, name)))
-        }
+        Handshake::Open { inner, scanner, ready } => Attempt::Success(Answer::Stream(
+            parts,
+            Box::new(RelayBody::sse(inner, idle, scanner, ready, job.protocol, name)),
+        )),
         Handshake::Rejected(data) => {
             let status = StatusCode::from_u16(handshake::frame_status(&data)).unwrap_or(StatusCode::OK);
             let outcome = classify::classify(status, &parts.headers, &data, rules, now());

@@ -92,7 +92,7 @@ impl WaitingBody {
         match relayed.answer {
             Answer::Stream(_, mut body) => {
                 body.attach(report);
-                self.then = Some(Body::new(body));
+                self.then = Some(Body::new(*body));
             }
             other => {
                 let (event, class, message) = other.error_event(self.protocol);
