@@ -344,7 +344,7 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
         return respond(status, &behavior.error_content_type, Body::from(behavior.error_body.clone()));
     }
     if head.stream {
-        let mut frames = sse_frames(protocol, &head.model, behavior.chunks);
+        let mut frames = sse_frames_from(protocol, &head.model, already_answered(&body), behavior.chunks);
         if let Some((n, error)) = error_after {
             frames.truncate(n);
             frames.push(Bytes::from(match protocol {
@@ -365,6 +365,22 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
     }
     flight.finish();
     respond(StatusCode::OK, "application/json", Body::from(json_answer(protocol, &head.model, behavior.chunks)))
+}
+
+/// Words of the answer already given in a trailing assistant message (a
+/// client or tidegate continuing a partial answer): the simulator goes on
+/// from there.
+fn already_answered(body: &[u8]) -> usize {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else { return 0 };
+    let Some(last) = v["messages"].as_array().and_then(|m| m.last()) else { return 0 };
+    if last["role"] != "assistant" {
+        return 0;
+    }
+    let text = match &last["content"] {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    text.matches("tok").count()
 }
 
 fn respond(status: StatusCode, content_type: &str, body: Body) -> Response {
@@ -400,6 +416,13 @@ fn json_answer(protocol: Protocol, model: &str, chunks: usize) -> String {
 
 /// The SSE events of a complete answer, one `Bytes` per event.
 pub fn sse_frames(protocol: Protocol, model: &str, chunks: usize) -> Vec<Bytes> {
+    sse_frames_from(protocol, model, 0, chunks)
+}
+
+/// Like [`sse_frames`], with content words `tok{start}`..`tok{chunks-1}`:
+/// the continuation of an answer whose first `start` words were already
+/// given (a resumed stream).
+pub fn sse_frames_from(protocol: Protocol, model: &str, start: usize, chunks: usize) -> Vec<Bytes> {
     let mut out = Vec::with_capacity(chunks + 6);
     match protocol {
         Protocol::OpenAi => {
@@ -409,7 +432,7 @@ pub fn sse_frames(protocol: Protocol, model: &str, chunks: usize) -> Vec<Bytes> 
                 Bytes::from(format!("data: {v}\n\n"))
             };
             out.push(chunk(serde_json::json!({"role": "assistant", "content": ""}), None));
-            for i in 0..chunks {
+            for i in start..chunks {
                 out.push(chunk(serde_json::json!({"content": format!("tok{i} ")}), None));
             }
             out.push(chunk(serde_json::json!({}), Some("stop")));
@@ -429,7 +452,7 @@ pub fn sse_frames(protocol: Protocol, model: &str, chunks: usize) -> Vec<Bytes> 
                 "content_block": {"type": "text", "text": ""}}),
             ));
             out.push(event("ping", serde_json::json!({"type": "ping"})));
-            for i in 0..chunks {
+            for i in start..chunks {
                 out.push(event(
                     "content_block_delta",
                     serde_json::json!({"type": "content_block_delta", "index": 0,

@@ -25,7 +25,9 @@ async fn stream(
 ) -> (reqwest::StatusCode, reqwest::header::HeaderMap, String) {
     let resp = client()
         .post(url(gw, path))
-        .body(format!(r#"{{"model":"{model}","stream":true,"max_tokens":16}}"#))
+        .body(format!(
+            r#"{{"model":"{model}","stream":true,"max_tokens":16,"messages":[{{"role":"user","content":"hi"}}]}}"#
+        ))
         .send()
         .await
         .unwrap();
@@ -90,8 +92,7 @@ async fn mid_stream_drop_ends_with_an_error_event_not_a_clean_end() {
     assert_eq!(sim.state.received().len(), 1, "no retry after content reached the client");
 
     let (_, _, text) = stream(&gw, "/v1/messages", "claude").await;
-    assert!(text.contains("event: error\ndata: {\"error\":{"), "{text}");
-    assert!(text.contains(r#""type":"error""#));
+    assert!(text.contains("event: error\ndata: {\"type\":\"error\",\"error\":{"), "{text}");
     assert!(!text.contains("message_stop"));
 }
 
@@ -179,4 +180,47 @@ async fn keepalive_off_answers_with_the_plain_status() {
     let (status, headers, _) = stream(&gw, "/v1/messages", "claude").await;
     assert_eq!(status, 503);
     assert!(headers.contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn broken_text_stream_is_resumed_into_one_answer() {
+    let sim = sim(&[
+        ("claude", Behavior { chunks: 8, script: vec![Fault::drop_after(5)], ..Default::default() }),
+        ("real-gpt", Behavior { chunks: 8, script: vec![Fault::drop_after(4)], ..Default::default() }),
+    ]);
+    let models = "  claude-resume:\n    targets: [{ upstream: sim-anthropic, model: claude }]\n    stream_resume: true\n  gpt-resume:\n    targets: [{ upstream: sim-openai, model: real-gpt }]\n    stream_resume: true";
+    let gw = gateway(&yaml(&sim, "", "", models)).await;
+    let (status, _, text) = stream(&gw, "/v1/messages", "claude-resume").await;
+    assert_eq!(status, 200);
+    let whole = String::from_utf8(sse_frames(Protocol::Anthropic, "claude", 8).concat()).unwrap();
+    assert_eq!(text, whole, "the client sees one uninterrupted answer");
+    let got = sim.state.received();
+    assert_eq!(got.len(), 2);
+    let continuation: serde_json::Value = serde_json::from_slice(&got[1].body).unwrap();
+    assert_eq!(continuation["messages"].as_array().unwrap().last().unwrap()["content"], "tok0 tok1");
+
+    let (_, _, text) = stream(&gw, "/v1/chat/completions", "gpt-resume").await;
+    let first: Vec<u8> = sse_frames(Protocol::OpenAi, "real-gpt", 8)[..4].concat();
+    let rest: Vec<u8> = tidegate::simulate::sse_frames_from(Protocol::OpenAi, "real-gpt", 3, 8).concat();
+    assert_eq!(text.as_bytes(), [first, rest].concat().as_slice());
+    assert_eq!(text.matches("tok2 ").count(), 1, "no text repeated");
+}
+
+#[tokio::test]
+async fn resume_is_off_by_default_and_fails_honestly_when_the_continuation_fails() {
+    let script = vec![Fault::drop_after(5), Fault::drop_after(2), Fault::drop_after(5)];
+    let sim = sim(&[("claude", Behavior { chunks: 8, script, ..Default::default() })]);
+    let models = "  resumable:\n    targets: [{ upstream: sim-anthropic, model: claude }]\n    stream_resume: true";
+    let gw = gateway(&yaml(&sim, "", "", models)).await;
+    // The continuation drops before any content: the stream ends in an
+    // error event saying so.
+    let (_, _, text) = stream(&gw, "/v1/messages", "resumable").await;
+    let event = &text[text.find("event: error").expect("no error event")..];
+    assert!(event.contains("resuming failed"), "{event}");
+    assert_eq!(sim.state.received().len(), 2);
+    // The default alias never asks for a continuation.
+    let (_, _, text) = stream(&gw, "/v1/messages", "claude").await;
+    assert!(text.contains("event: error"), "{text}");
+    assert!(!text.contains("resuming"), "{text}");
+    assert_eq!(sim.state.received().len(), 3);
 }

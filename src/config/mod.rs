@@ -103,6 +103,8 @@ pub struct ModelRoute {
     pub targets: Vec<Target>,
     /// Time budget per request for this alias.
     pub deadline: Duration,
+    /// Continue broken text streams from the text already delivered.
+    pub stream_resume: bool,
 }
 
 /// One routing target.

@@ -167,6 +167,9 @@ pub struct RawModel {
     /// Deadline for this alias, overriding `defaults.deadline`.
     #[serde(default)]
     pub deadline: Option<String>,
+    /// Continue a text stream that broke mid-way instead of failing it.
+    #[serde(default)]
+    pub stream_resume: bool,
 }
 
 /// One `{upstream, model}` pair.

@@ -293,7 +293,7 @@ fn models(
         }
         let deadline = duration(&format!("models.{alias}.deadline"), &model.deadline, default_deadline, problems);
         if let Some(protocol) = protocol {
-            out.insert(alias.clone(), ModelRoute { protocol, targets, deadline });
+            out.insert(alias.clone(), ModelRoute { protocol, targets, deadline, stream_resume: model.stream_resume });
         }
     }
     out

@@ -28,8 +28,12 @@ use crate::retry::{self, Decision, GiveUp, Situation};
 use crate::server::Gateway;
 use crate::stream::RelayBody;
 use crate::stream::handshake::{self, Handshake};
+use crate::stream::resume::Resume;
 use crate::stream::waiting::Progress;
 use crate::upstream::{SendError, Upstream};
+
+/// Continuations per request when `stream_resume` is on.
+const MAX_RESUMES: u8 = 2;
 
 /// Largest error body read for classification.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
@@ -214,10 +218,21 @@ async fn attempt(job: &Job, upstream: &Upstream, body: Bytes, remaining: Duratio
     }
     let wait = idle.min(job.deadline.saturating_duration_since(Instant::now()));
     match handshake::handshake(incoming, job.protocol, wait).await {
-        Handshake::Open { inner, scanner, ready } => Attempt::Success(Answer::Stream(
-            parts,
-            Box::new(RelayBody::sse(inner, idle, scanner, ready, job.protocol, name)),
-        )),
+        Handshake::Open { inner, scanner, ready } => {
+            let mut body = RelayBody::sse(inner, idle, scanner, ready, job.protocol, name);
+            if job.gw.config.models.get_index(job.route).is_some_and(|(_, r)| r.stream_resume) {
+                body.enable_resume(Resume {
+                    gw: job.gw.clone(),
+                    route: job.route,
+                    body: job.body.clone(),
+                    headers: job.client_headers.clone(),
+                    deadline: job.deadline,
+                    protocol: job.protocol,
+                    tries: MAX_RESUMES,
+                });
+            }
+            Attempt::Success(Answer::Stream(parts, Box::new(body)))
+        }
         Handshake::Rejected(data) => {
             let status = StatusCode::from_u16(handshake::frame_status(&data)).unwrap_or(StatusCode::OK);
             let outcome = classify::classify(status, &parts.headers, &data, rules, now());

@@ -51,7 +51,7 @@ pub async fn handshake(mut inner: Incoming, protocol: Protocol, wait: Duration) 
         while let Some((kind, end)) = scanner.next_event() {
             match kind {
                 Kind::KeepAlive | Kind::Start => {}
-                Kind::Content => return Handshake::Open { inner, scanner, ready: end },
+                Kind::Content | Kind::BlockStart => return Handshake::Open { inner, scanner, ready: end },
                 Kind::Error => return Handshake::Rejected(scanner.seen.error.take().unwrap_or_default()),
                 Kind::Done => return Handshake::Empty,
             }

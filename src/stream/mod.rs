@@ -10,6 +10,7 @@
 //! the upstream connection at once.
 
 pub mod handshake;
+pub mod resume;
 pub mod sse;
 pub mod waiting;
 
@@ -59,6 +60,9 @@ pub struct RelayBody {
     last: Option<Bytes>,
     report: Option<Report>,
     outcome: Option<(Outcome, Option<String>)>,
+    resume: Option<Box<resume::Resume>>,
+    /// A continuation being opened, and why the stream broke.
+    reopening: Option<(resume::Reopening, String)>,
 }
 
 impl RelayBody {
@@ -100,7 +104,53 @@ impl RelayBody {
             last: None,
             report: None,
             outcome: None,
+            resume: None,
+            reopening: None,
         }
+    }
+
+    /// Lets a broken text stream be continued instead of failed.
+    pub fn enable_resume(&mut self, resume: resume::Resume) {
+        self.resume = Some(Box::new(resume));
+    }
+
+    /// Starts a continuation if this stream may be resumed.
+    fn try_resume(&mut self, why: &str) -> bool {
+        let (Some(resume), Some(sse)) = (self.resume.as_mut(), self.sse.as_mut()) else { return false };
+        let seen = &sse.seen;
+        let resumable = resume.tries > 0
+            && seen.content
+            && !seen.tool_call
+            && seen.error.is_none()
+            && seen.text.len() < PARTIAL_CAP
+            && Instant::now() < resume.deadline;
+        if !resumable {
+            return false;
+        }
+        resume.tries -= 1;
+        let upstream = resume
+            .gw
+            .config
+            .models
+            .get_index(resume.route)
+            .and_then(|(_, r)| r.targets.first())
+            .map_or(0, |t| t.upstream);
+        if let Some(report) = &mut self.report {
+            report.attempts.push(crate::relay::AttemptLog {
+                upstream,
+                status: None,
+                class: Some(Class::Transient),
+                summary: format!(
+                    "stream broke after {} events ({why}); resuming from {} bytes of text",
+                    seen.events,
+                    seen.text.len()
+                ),
+                verdict: "resume",
+                wait: None,
+            });
+        }
+        self.reopening = Some((resume.reopen(seen.text.clone()), why.to_owned()));
+        true
     }
 
     /// Hands the request's report to the body, which finishes it at the end.
@@ -108,9 +158,13 @@ impl RelayBody {
         self.report = Some(report);
     }
 
-    /// Ends the stream with a protocol-shaped error event.
+    /// The stream broke: resume it if allowed, else end it with a
+    /// protocol-shaped error event.
     fn break_stream(&mut self, why: String) -> Option<Bytes> {
         self.inner = None;
+        if self.try_resume(&why) {
+            return None;
+        }
         let seen = self.sse.as_ref().map(|s| &s.seen);
         let chunks = seen.map_or(0, |s| s.events);
         let message = format!(
@@ -193,6 +247,39 @@ impl Body for RelayBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         loop {
+            if let Some((reopening, why)) = this.reopening.as_mut() {
+                let result = match reopening.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(result) => result,
+                };
+                let why = std::mem::take(why);
+                this.reopening = None;
+                match result {
+                    Ok(reopened) => {
+                        if let Some(sse) = this.sse.as_mut() {
+                            // Drop the dead stream's unfinished event; go on
+                            // with the continuation's.
+                            sse.discard();
+                            sse.feed(&reopened.first);
+                        }
+                        this.ready = 0;
+                        this.inner = Some(reopened.inner);
+                        this.last_frame = Instant::now();
+                        if let Some(report) = &mut this.report {
+                            let name = this.resume.as_ref().and_then(|r| r.gw.upstreams.get(reopened.upstream));
+                            report.upstream = name.map(|u| u.config.name.clone()).or(report.upstream.take());
+                        }
+                    }
+                    Err(err) => {
+                        // A continuation that failed is not chained with another.
+                        if let Some(resume) = this.resume.as_mut() {
+                            resume.tries = 0;
+                        }
+                        this.last = this.break_stream(format!("{why}; resuming failed: {err}"));
+                    }
+                }
+                continue;
+            }
             if let Some(frame) = this.drain_events() {
                 this.first_byte();
                 return Poll::Ready(Some(Ok(Frame::data(frame))));

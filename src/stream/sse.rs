@@ -21,6 +21,8 @@ pub enum Kind {
     KeepAlive,
     /// Anthropic `message_start`: opens the answer, carries no content.
     Start,
+    /// Anthropic `content_block_start`: opens a block of the answer.
+    BlockStart,
     /// Anything that carries or continues the answer.
     Content,
     /// An error object (OpenAI `{"error":...}`, Anthropic `event: error`).
@@ -142,7 +144,7 @@ fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> 
         }
         Kind::Error if seen.error.is_none() => seen.error = Some(Bytes::copy_from_slice(data.as_bytes())),
         Kind::Done => seen.complete = true,
-        Kind::Error | Kind::KeepAlive | Kind::Start => {}
+        Kind::Error | Kind::KeepAlive | Kind::Start | Kind::BlockStart => {}
     }
     kind
 }
@@ -232,7 +234,11 @@ fn anthropic(text: &mut TextSink<'_>, usage: &mut Usage, tool_call: &mut bool, n
     if event.content_block.as_ref().is_some_and(|b| b.kind == "tool_use") {
         *tool_call = true;
     }
-    if kind == "message_start" { Kind::Start } else { Kind::Content }
+    match kind.as_str() {
+        "message_start" => Kind::Start,
+        "content_block_start" => Kind::BlockStart,
+        _ => Kind::Content,
+    }
 }
 
 /// Length of the first complete event in `buf` (separator included).
