@@ -85,6 +85,30 @@ def oha(port, body, *args):
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
 
 
+def per_event_latency(port, reps):
+    """Median over events of (arrival − the simulator's send stamp), in ms,
+    for a 200-event stream, over `reps` streams."""
+    import http.client
+    body = '{"model":"chunks200","stream":true,"messages":[{"role":"user","content":"hello"}]}'
+    samples = []
+    for _ in range(reps):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", PATH, body, {"content-type": "application/json"})
+        resp = conn.getresponse()
+        ts = None
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            if line.startswith(b": ts="):
+                ts = int(line[5:].strip())
+            elif line.startswith(b"data:") and ts is not None:
+                samples.append(time.time_ns() / 1000 - ts)
+                ts = None
+        conn.close()
+    return statistics.median(samples) / 1000 if samples else float("nan")
+
+
 def med(values):
     return statistics.median(values)
 
@@ -96,6 +120,7 @@ models:
   bench: { chunks: 5 }
   sse: { chunks: 20, chunk_delay_ms: 2 }
   slow: { latency_ms: 200, chunks: 5 }
+  chunks200: { chunks: 200, chunk_delay_ms: 2, stamp: true }
 """)
     gw_cfg = write("tidegate.yaml", f"""
 listen: 127.0.0.1:{GW}
@@ -105,6 +130,7 @@ models:
   bench: {{ targets: [{{ upstream: sim }}] }}
   sse: {{ targets: [{{ upstream: sim }}] }}
   slow: {{ targets: [{{ upstream: sim }}] }}
+  chunks200: {{ targets: [{{ upstream: sim }}] }}
 """)
     nginx_cfg = write("nginx.conf", f"""
 worker_processes 1;
@@ -166,6 +192,11 @@ http {{
                 results[name].setdefault("ttfb", []).append(d["firstBytePercentiles"]["p50"] * 1000)
                 results[name].setdefault("sse_total", []).append(d["latencyPercentiles"]["p50"] * 1000)
 
+        print("- per-event latency, 200-event SSE stream", file=sys.stderr)
+        for rep in range(REPS):
+            for name, port in targets.items():
+                results[name].setdefault("event", []).append(per_event_latency(port, 3))
+
         print("- 1000 concurrent slow requests (200 ms upstream)", file=sys.stderr)
         for name, port in targets.items():
             d = oha(port, SLOW_BODY, "-n", "5000", "-c", "1000")
@@ -192,6 +223,7 @@ http {{
         ("latency p99 @500/s, ms", "p99", "{:.3f}"),
         ("SSE first byte p50, ms", "ttfb", "{:.3f}"),
         ("SSE total p50, ms", "sse_total", "{:.3f}"),
+        ("SSE per-event latency (200 events), ms", "event", "{:.3f}"),
         ("1000 slow: succeeded /5000", "slow_ok", "{:.0f}"),
         ("peak RSS, MiB", "rss", "{:.1f}"),
     ]
@@ -205,7 +237,7 @@ http {{
     print(f"| added | nginx | tidegate | tidegate − nginx |")
     print(f"|---|---:|---:|---:|")
     for label, key in [("p50 @500/s, ms", "p50"), ("p99 @500/s, ms", "p99"), ("SSE first byte, ms", "ttfb"),
-                       ("SSE total, ms", "sse_total")]:
+                       ("SSE total, ms", "sse_total"), ("SSE per event, ms", "event")]:
         an, at = n[key] - d[key], t[key] - d[key]
         print(f"| {label} | {an:.3f} | {at:.3f} | {at - an:+.3f} |")
     verdicts = [

@@ -51,6 +51,9 @@ pub struct Behavior {
     pub first_chunk_delay_ms: u64,
     /// Cut the connection after this many stream events (a mid-stream drop).
     pub drop_after: Option<usize>,
+    /// Prefix each stream event with a `: ts=<unix µs>` comment taken when
+    /// it is sent (for measuring per-event latency through a proxy).
+    pub stamp: bool,
     /// Answers for the first requests to this model, in order; once used
     /// up, the behaviour above applies.
     pub script: Vec<Fault>,
@@ -144,6 +147,7 @@ impl Default for Behavior {
             error_content_type: "application/json".into(),
             first_chunk_delay_ms: 0,
             drop_after: None,
+            stamp: false,
             script: Vec::new(),
         }
     }
@@ -360,6 +364,7 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
             flight: Some(flight),
             drop_after,
             sent: 0,
+            stamp: behavior.stamp,
         };
         return respond(StatusCode::OK, "text/event-stream", Body::new(body));
     }
@@ -480,6 +485,7 @@ struct SseBody {
     flight: Option<Flight>,
     drop_after: Option<usize>,
     sent: usize,
+    stamp: bool,
 }
 
 impl http_body::Body for SseBody {
@@ -512,6 +518,13 @@ impl http_body::Body for SseBody {
                 if !this.delay.is_zero() && this.frames.len() > 0 {
                     this.sleep = Some(Box::pin(tokio::time::sleep(this.delay)));
                 }
+                let frame = if this.stamp {
+                    let micros =
+                        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+                    Bytes::from([format!(": ts={micros}\n").as_bytes(), &frame[..]].concat())
+                } else {
+                    frame
+                };
                 Poll::Ready(Some(Ok(Frame::data(frame))))
             }
             None => {
