@@ -50,6 +50,16 @@ pub enum GatewayError {
         /// Add `x-should-retry: false` so SDKs do not retry on top.
         stop_client_retries: bool,
     },
+    /// The upstream's queue is full: shed at once.
+    #[error("upstream {upstream} is at its concurrency limit and its queue is full ({queued} waiting); retry after {}s", retry_after.as_secs().max(1))]
+    QueueFull {
+        /// Upstream name.
+        upstream: String,
+        /// Requests waiting.
+        queued: usize,
+        /// Estimated from the drain rate.
+        retry_after: std::time::Duration,
+    },
     /// `x-tidegate-deadline` is not a duration.
     #[error("x-tidegate-deadline: {0:?} is not a duration like 30s")]
     BadDeadline(String),
@@ -68,6 +78,7 @@ impl GatewayError {
             GatewayError::NoRoute(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, None),
             GatewayError::GaveUp { status, kind, .. } => (*status, *kind, Some("upstream_unavailable")),
             GatewayError::BadDeadline(_) => (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None),
+            GatewayError::QueueFull { .. } => (StatusCode::TOO_MANY_REQUESTS, ErrorKind::RateLimit, Some("queue_full")),
         }
     }
 
@@ -80,6 +91,7 @@ impl GatewayError {
     pub fn class(&self) -> Option<crate::classify::Class> {
         match self {
             GatewayError::GaveUp { class, .. } => Some(*class),
+            GatewayError::QueueFull { .. } => Some(crate::classify::Class::Capacity),
             _ => None,
         }
     }
@@ -97,6 +109,9 @@ impl GatewayError {
         *resp.status_mut() = status;
         let headers = resp.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let GatewayError::QueueFull { retry_after, .. } = &self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
+        }
         if let GatewayError::GaveUp { retry_after, stop_client_retries, .. } = &self {
             if let Some(wait) = retry_after {
                 // Whole seconds, rounded up: never tell a client to come back early.

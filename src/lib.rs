@@ -8,6 +8,7 @@
 //!        ──► protocol  read `model` + `stream` only; splice a renamed model
 //!        ──► config    alias → ordered equivalent targets (ModelRoute)
 //!        ──► relay     the attempt loop: pick target, send, decide
+//!        ──► limits    per-upstream queue, concurrency slots, rate buckets
 //!        ──► upstream  per-provider client: auth, headers, pooling, timeouts
 //!        ──► stream    body relayed chunk by chunk, idle timeout, owns the
 //!                      upstream connection until the last byte
@@ -20,6 +21,7 @@
 pub mod classify;
 pub mod config;
 pub mod error;
+pub mod limits;
 pub mod logging;
 pub mod protocol;
 pub mod relay;

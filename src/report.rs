@@ -69,6 +69,8 @@ pub struct Report {
     pub error: Option<String>,
     /// Time to the first byte sent to the client.
     pub ttfb: Option<Duration>,
+    /// Time spent waiting for upstream slots and rate buckets.
+    pub queue_wait: Duration,
     /// Tokens reported by the upstream.
     pub usage: Usage,
     /// Text already delivered when a stream broke.
@@ -91,6 +93,7 @@ impl Report {
             class: None,
             error: None,
             ttfb: None,
+            queue_wait: Duration::ZERO,
             usage: Usage::default(),
             partial: None,
             finished: false,
@@ -120,6 +123,7 @@ impl Report {
             class = self.class.map_or("-", Class::as_str),
             ms,
             ttfb_ms = self.ttfb.map_or(-1.0, |d| d.as_secs_f64() * 1000.0),
+            queue_ms = self.queue_wait.as_secs_f64() * 1000.0,
             tokens_in = self.usage.input.unwrap_or(0),
             tokens_out = self.usage.output.unwrap_or(0),
             error = self.error.as_deref().unwrap_or("-"),

@@ -51,6 +51,9 @@ pub struct Behavior {
     pub first_chunk_delay_ms: u64,
     /// Cut the connection after this many stream events (a mid-stream drop).
     pub drop_after: Option<usize>,
+    /// Answer `429` "model concurrency limit exceeded" (code 3009, no
+    /// `Retry-After`) whenever more than this many requests are in flight.
+    pub reject_over: Option<usize>,
     /// Prefix each stream event with a `: ts=<unix µs>` comment taken when
     /// it is sent (for measuring per-event latency through a proxy).
     pub stamp: bool,
@@ -147,6 +150,7 @@ impl Default for Behavior {
             error_content_type: "application/json".into(),
             first_chunk_delay_ms: 0,
             drop_after: None,
+            reject_over: None,
             stamp: false,
             script: Vec::new(),
         }
@@ -192,6 +196,8 @@ pub struct SimState {
     pub completed: AtomicUsize,
     /// Requests whose connection closed before the answer was complete.
     pub cancelled: AtomicUsize,
+    /// Requests refused by `reject_over`.
+    pub rejected: AtomicUsize,
 }
 
 impl SimState {
@@ -299,6 +305,12 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
         return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(r#"{"error":{"message":"bad json"}}"#));
     };
     let behavior = state.config.models.get(&head.model).unwrap_or(&state.config.default);
+    if behavior.reject_over.is_some_and(|n| state.in_flight.load(Ordering::SeqCst) > n) {
+        state.rejected.fetch_add(1, Ordering::SeqCst);
+        flight.finish();
+        let body = r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#;
+        return respond(StatusCode::TOO_MANY_REQUESTS, "application/json", Body::from(body));
+    }
     let nth = match state.served.lock() {
         Ok(mut served) => {
             let n = served.entry(head.model.clone()).or_insert(0);

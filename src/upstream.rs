@@ -2,6 +2,7 @@
 //! for providers that count idle connections as sessions), its URL and how
 //! a client request becomes an upstream request.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,6 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::UpstreamConfig;
+use crate::limits::Limiter;
 use crate::protocol::Protocol;
 use crate::retry::RetryBudget;
 
@@ -50,6 +52,8 @@ pub struct Upstream {
     pub config: UpstreamConfig,
     /// Retry budget shared by every request to this upstream.
     pub budget: RetryBudget,
+    /// Queue, concurrency slots and rate buckets.
+    pub limiter: Arc<Limiter>,
     client: HttpClient,
     uri: Uri,
     auth: Option<(HeaderName, HeaderValue)>,
@@ -109,7 +113,7 @@ impl Upstream {
             .pool_max_idle_per_host(if config.connection_close { 0 } else { usize::MAX })
             .http1_read_buf_exact_size(READ_BUF)
             .build(https);
-        Ok(Self { budget, config, client, uri, auth })
+        Ok(Self { limiter: Limiter::new(config.limits.clone()), budget, config, client, uri, auth })
     }
 
     /// The upstream request for a client request: same body bytes, this

@@ -18,6 +18,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
+use crate::limits::LimitConfig;
 use crate::protocol::Protocol;
 use crate::retry::{Policy, Rules};
 
@@ -92,6 +93,8 @@ pub struct UpstreamConfig {
     pub stream_idle_timeout: Duration,
     /// Operator `retry:` / `fatal:` rules.
     pub rules: Rules,
+    /// Concurrency, queue and rate limits.
+    pub limits: LimitConfig,
 }
 
 /// What a model alias routes to.

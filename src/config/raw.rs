@@ -150,6 +150,27 @@ pub struct RawUpstream {
     /// Longest silence allowed between two body chunks.
     #[serde(default)]
     pub stream_idle_timeout: Option<String>,
+    /// Concurrent requests allowed; beyond, requests queue.
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+    /// Requests allowed to wait for a slot.
+    #[serde(default)]
+    pub max_queue: Option<usize>,
+    /// A slot frees this long after its request ended.
+    #[serde(default)]
+    pub slot_release_delay: Option<String>,
+    /// Requests per minute.
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    /// Tokens per minute.
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    /// Learn a concurrency limit from "concurrency limit" answers.
+    #[serde(default)]
+    pub adaptive: Option<bool>,
+    /// Ceiling of the learned limit when `max_concurrent` is not set.
+    #[serde(default)]
+    pub adaptive_max: Option<u32>,
     /// Answers to retry although the built-in classification would not.
     #[serde(default)]
     pub retry: Vec<RawRule>,

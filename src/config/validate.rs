@@ -9,6 +9,7 @@ use indexmap::IndexMap;
 
 use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
 use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Target, UpstreamConfig};
+use crate::limits::LimitConfig;
 use crate::protocol::Protocol;
 use crate::retry::{Policy, Rule, Rules};
 
@@ -198,6 +199,29 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         retry: u.retry.iter().enumerate().map(|(j, r)| rule(&at(&format!("retry[{j}]")), r, false, problems)).collect(),
         fatal: u.fatal.iter().enumerate().map(|(j, r)| rule(&at(&format!("fatal[{j}]")), r, true, problems)).collect(),
     };
+    let fallback = LimitConfig::default();
+    let limits = LimitConfig {
+        max_concurrent: u.max_concurrent,
+        adaptive: u.adaptive.unwrap_or(fallback.adaptive),
+        adaptive_max: u.adaptive_max.unwrap_or(fallback.adaptive_max),
+        max_queue: u.max_queue.unwrap_or(fallback.max_queue),
+        slot_release_delay: match &u.slot_release_delay {
+            None => Duration::ZERO,
+            Some(_) => duration(&at("slot_release_delay"), &u.slot_release_delay, Duration::ZERO, problems),
+        },
+        rpm: u.rpm,
+        tpm: u.tpm,
+    };
+    for (field, zero) in [
+        ("max_concurrent", u.max_concurrent == Some(0)),
+        ("adaptive_max", u.adaptive_max == Some(0)),
+        ("rpm", u.rpm == Some(0)),
+        ("tpm", u.tpm == Some(0)),
+    ] {
+        if zero {
+            problems.push(format!("{}: must be at least 1", at(field)));
+        }
+    }
     ok &= problems.len() == before;
     if !ok {
         return None;
@@ -214,6 +238,7 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         header_timeout,
         stream_idle_timeout,
         rules,
+        limits,
     })
 }
 

@@ -62,6 +62,8 @@ pub struct RequestHead {
     pub model_span: Range<usize>,
     /// Whether the client asked for SSE.
     pub stream: bool,
+    /// `max_tokens` (or `max_completion_tokens`), for token-rate limits.
+    pub max_tokens: Option<u64>,
 }
 
 /// Why a body could not be read.
@@ -84,6 +86,10 @@ struct Peek<'a> {
     model: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
 }
 
 /// Reads `model` and `stream` from a request body in one pass (the rest is
@@ -102,7 +108,12 @@ pub fn peek(body: &[u8]) -> Result<RequestHead, PeekError> {
     if body.get(span.clone()) != Some(raw.get().as_bytes()) {
         return Err(PeekError::Malformed("could not locate \"model\"".into()));
     }
-    Ok(RequestHead { model, model_span: span, stream: peek.stream.unwrap_or(false) })
+    Ok(RequestHead {
+        model,
+        model_span: span,
+        stream: peek.stream.unwrap_or(false),
+        max_tokens: peek.max_tokens.or(peek.max_completion_tokens),
+    })
 }
 
 /// The body to send upstream: the same bytes, with the `model` value

@@ -13,6 +13,7 @@ use http::StatusCode;
 use super::strip_hop_by_hop;
 use crate::classify::{Class, Outcome};
 use crate::error::GatewayError;
+use crate::limits::Refused;
 use crate::protocol::{ErrorKind, Protocol};
 use crate::retry::{self, GiveUp, Policy};
 use crate::stream::{RelayBody, error_event};
@@ -174,6 +175,30 @@ fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> Gateway
         message,
         retry_after: Some(retry_after),
         stop_client_retries: ctx.stop_client_retries,
+    }
+}
+
+/// The answer when the upstream's queue refused the request.
+pub(super) fn refused(upstream: &Upstream, refused: Refused, attempts: usize, elapsed: Duration) -> GatewayError {
+    let name = upstream.config.name.clone();
+    match refused {
+        Refused::QueueFull { queued, retry_after } => GatewayError::QueueFull { upstream: name, queued, retry_after },
+        Refused::Deadline { waited, retry_after } => GatewayError::GaveUp {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            kind: ErrorKind::Timeout,
+            class: Class::Capacity,
+            message: format!(
+                "the request's deadline passed while it waited {} for upstream {name} (queue or rate limit; {} in flight, limit {}) after {attempts} attempt{}, {} in all; no slot was taken. Retry after {}.",
+                secs(waited),
+                upstream.limiter.in_flight(),
+                upstream.limiter.effective_limit(),
+                if attempts == 1 { "" } else { "s" },
+                secs(elapsed),
+                secs(retry_after),
+            ),
+            retry_after: Some(retry_after),
+            stop_client_retries: true,
+        },
     }
 }
 

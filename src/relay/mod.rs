@@ -32,6 +32,9 @@ use crate::stream::resume::Resume;
 use crate::stream::waiting::Progress;
 use crate::upstream::{SendError, Upstream};
 
+/// Token estimate for a request without `max_tokens` (rate limits).
+const DEFAULT_MAX_TOKENS: u64 = 1024;
+
 /// Continuations per request when `stream_resume` is on.
 const MAX_RESUMES: u8 = 2;
 
@@ -69,6 +72,8 @@ pub struct Job {
     pub chained: bool,
     /// Where the loop stands (for keep-alive comments).
     pub progress: Arc<Progress>,
+    /// Client key name, for fair queueing.
+    pub client: String,
 }
 
 /// What one attempt did, for the log line, the journal and messages.
@@ -96,6 +101,8 @@ pub struct Relayed {
     pub upstream: Option<usize>,
     /// Every attempt, in order.
     pub attempts: Vec<AttemptLog>,
+    /// Time spent waiting for slots and rate buckets.
+    pub queue_wait: Duration,
 }
 
 /// What a single attempt produced.
@@ -117,16 +124,30 @@ pub async fn relay(job: Job) -> Relayed {
     let Some((index, upstream, target)) = target.and_then(|t| gw.upstreams.get(t.upstream).map(|u| (t.upstream, u, t)))
     else {
         let error = crate::error::GatewayError::UnknownModel("model has no usable target".into());
-        return Relayed { answer: Answer::Gateway(error), upstream: None, attempts };
+        return Relayed { answer: Answer::Gateway(error), upstream: None, attempts, queue_wait: Duration::ZERO };
     };
     // One body for every attempt: byte-identical retries.
     let body = protocol::body_for_target(&job.body, &job.head, &target.model);
     upstream.budget.record_request(std::time::Instant::now());
+    let tokens = job.head.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) + job.body.len() as u64 / 4;
+    let mut queue_wait = Duration::ZERO;
     loop {
         job.progress.attempt(index);
+        // Wait for the upstream's rate buckets and a concurrency slot.
+        let queued_at = Instant::now();
+        let mut permit = match upstream.limiter.acquire(&job.client, tokens, job.deadline).await {
+            Ok(permit) => permit,
+            Err(refused) => {
+                let error = answer::refused(upstream, refused, attempts.len(), started.elapsed());
+                return Relayed { answer: Answer::Gateway(error), upstream: Some(index), attempts, queue_wait };
+            }
+        };
+        queue_wait += queued_at.elapsed();
+        let held = upstream.limiter.in_flight();
         let remaining = job.deadline.saturating_duration_since(Instant::now());
         let (outcome, buffered) = match attempt(&job, upstream, body.clone(), remaining).await {
-            Attempt::Success(answer) => {
+            Attempt::Success(mut answer) => {
+                upstream.limiter.on_success();
                 attempts.push(AttemptLog {
                     upstream: index,
                     status: Some(200),
@@ -135,10 +156,21 @@ pub async fn relay(job: Job) -> Relayed {
                     verdict: "ok",
                     wait: None,
                 });
-                return Relayed { answer, upstream: Some(index), attempts };
+                if let Answer::Stream(_, body) = &mut answer {
+                    // The slot is held until the last byte is relayed.
+                    body.hold(permit);
+                } else {
+                    permit.settle(0);
+                }
+                return Relayed { answer, upstream: Some(index), attempts, queue_wait };
             }
             Attempt::Failure(outcome, buffered) => (outcome, buffered),
         };
+        // Give the slot back before any wait: others may use it meanwhile.
+        drop(permit);
+        if outcome.class == Class::Capacity && outcome.concurrency {
+            upstream.limiter.on_concurrency_error(held);
+        }
         let now = Instant::now();
         let situation = Situation {
             outcome: &outcome,
@@ -147,6 +179,7 @@ pub async fn relay(job: Job) -> Relayed {
             remaining: job.deadline.saturating_duration_since(now),
             budget_ok: upstream.budget.has_room(std::time::Instant::now()),
             chained: job.chained,
+            others_in_flight: upstream.limiter.in_flight() > 0,
             jitter: fastrand::f64(),
         };
         let decision = retry::decide(&situation);
@@ -157,12 +190,13 @@ pub async fn relay(job: Job) -> Relayed {
             summary: outcome.summary.clone(),
             verdict: match &decision {
                 Decision::Retry { .. } => "retry_same",
+                Decision::Requeue => "requeue",
                 Decision::GiveUp(GiveUp::NotRetryable) if outcome.rule.as_ref().is_some_and(|r| r.fatal) => "fatal",
                 Decision::GiveUp(_) => "give_up",
             },
             wait: match &decision {
                 Decision::Retry { wait, .. } => Some(*wait),
-                Decision::GiveUp(_) => None,
+                Decision::Requeue | Decision::GiveUp(_) => None,
             },
         });
         match decision {
@@ -173,6 +207,9 @@ pub async fn relay(job: Job) -> Relayed {
                 tracing::debug!(upstream = %upstream.config.name, class = outcome.class.as_str(), ?wait, source, "retrying");
                 tokio::time::sleep(wait).await;
             }
+            Decision::Requeue => {
+                tracing::debug!(upstream = %upstream.config.name, held, "concurrency refusal: back in the queue");
+            }
             Decision::GiveUp(why) => {
                 let ctx = answer::Context {
                     upstream,
@@ -182,7 +219,7 @@ pub async fn relay(job: Job) -> Relayed {
                     stop_client_retries: gw.config.stop_client_retries,
                 };
                 let answer = answer::give_up(&ctx, why, &outcome, buffered);
-                return Relayed { answer, upstream: Some(index), attempts };
+                return Relayed { answer, upstream: Some(index), attempts, queue_wait };
             }
         }
     }

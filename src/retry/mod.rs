@@ -104,6 +104,9 @@ pub struct Situation<'a> {
     pub budget_ok: bool,
     /// The request already passed through another tidegate: that one retries.
     pub chained: bool,
+    /// Other requests hold slots on this upstream: a concurrency refusal
+    /// can wait for one of them to finish instead of a blind backoff.
+    pub others_in_flight: bool,
     /// Uniform random number in [0, 1) for jitter.
     pub jitter: f64,
 }
@@ -118,6 +121,9 @@ pub enum Decision {
         /// Where the wait came from: a header name, `rule` or `backoff`.
         source: &'static str,
     },
+    /// A concurrency refusal while others hold slots: wait in the
+    /// upstream's queue (whose limit was just lowered) for a free slot.
+    Requeue,
     /// Stop and answer.
     GiveUp(GiveUp),
 }
@@ -162,6 +168,10 @@ pub fn decide(s: &Situation<'_>) -> Decision {
     let max_attempts = rule.and_then(|r| r.max_attempts).unwrap_or(s.policy.max_attempts);
     if s.attempts >= max_attempts {
         return Decision::GiveUp(GiveUp::Exhausted);
+    }
+    let paced = outcome.hints.retry_after.is_some() || rule.and_then(|r| r.delay).is_some();
+    if outcome.class == Class::Capacity && outcome.concurrency && s.others_in_flight && !paced {
+        return Decision::Requeue;
     }
     let (wait, source) = match (outcome.hints.retry_after, rule.and_then(|r| r.delay)) {
         (Some(hint), _) => (hint, outcome.hints.source.unwrap_or("hint")),

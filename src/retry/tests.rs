@@ -24,6 +24,7 @@ fn situation<'a>(o: &'a Outcome, p: &'a Policy, attempts: u32) -> Situation<'a> 
         remaining: Duration::from_secs(120),
         budget_ok: true,
         chained: false,
+        others_in_flight: false,
         jitter: 0.5,
     }
 }
@@ -166,4 +167,23 @@ fn backoff_grows_with_full_jitter_and_is_capped() {
     assert_eq!(backoff(60, &p, 1.0), Duration::from_secs(4));
     // Different jitter, different waits: retries of many clients spread out.
     assert_ne!(backoff(4, &p, 0.1), backoff(4, &p, 0.7));
+}
+
+#[test]
+fn concurrency_refusals_requeue_only_when_others_hold_slots() {
+    let p = Policy::default();
+    let mut o = outcome(Class::Capacity);
+    o.concurrency = true;
+    let mut s = situation(&o, &p, 1);
+    // Alone (seed 000: 3009 for a single request): back off, do not hammer.
+    assert!(matches!(decide(&s), Decision::Retry { source: "backoff", .. }));
+    s.others_in_flight = true;
+    assert_eq!(decide(&s), Decision::Requeue);
+    // Attempts still count.
+    let s6 = Situation { attempts: 6, ..s.clone() };
+    assert_eq!(decide(&s6), Decision::GiveUp(GiveUp::Exhausted));
+    // A provider's explicit wait is honoured instead.
+    o.hints.retry_after = Some(Duration::from_secs(1));
+    let s = Situation { outcome: &o, others_in_flight: true, ..situation(&o, &p, 1) };
+    assert!(matches!(decide(&s), Decision::Retry { .. }));
 }

@@ -94,6 +94,7 @@ fn respond(gw: &Gateway, protocol: Protocol, relayed: Relayed, mut report: Repor
     let attempts = relayed.attempts.len();
     report.upstream = upstream.clone();
     report.attempts = relayed.attempts;
+    report.queue_wait = relayed.queue_wait;
     report.class = relayed.answer.class();
     let id = report.id;
     let response = match relayed.answer {
@@ -104,6 +105,7 @@ fn respond(gw: &Gateway, protocol: Protocol, relayed: Relayed, mut report: Repor
         }
         other => {
             let outcome = match &other {
+                Answer::Gateway(GatewayError::QueueFull { .. }) => Outcome::Rejected,
                 Answer::Gateway(_) => Outcome::Failed,
                 Answer::Verbatim { class, .. } if class.retryable() => Outcome::Failed,
                 Answer::Verbatim { .. } | Answer::Stream(..) => Outcome::Completed,
@@ -199,6 +201,7 @@ async fn prepare(
         client_headers: parts.headers,
         deadline,
         progress: Arc::new(Progress::default()),
+        client: report.client.clone().unwrap_or_else(|| "-".into()),
     })
 }
 

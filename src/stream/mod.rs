@@ -25,6 +25,7 @@ use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::classify::Class;
+use crate::limits::Permit;
 use crate::protocol::{self, ErrorKind, Protocol};
 use crate::report::{Outcome, Report};
 use sse::{Kind, Scanner};
@@ -63,6 +64,10 @@ pub struct RelayBody {
     resume: Option<Box<resume::Resume>>,
     /// A continuation being opened, and why the stream broke.
     reopening: Option<(resume::Reopening, String)>,
+    /// The upstream slot, given back when the body ends or is dropped.
+    permit: Option<Permit>,
+    /// Last bytes of a raw (JSON) body, where `usage` usually sits.
+    tail: Vec<u8>,
 }
 
 impl RelayBody {
@@ -106,6 +111,26 @@ impl RelayBody {
             outcome: None,
             resume: None,
             reopening: None,
+            permit: None,
+            tail: Vec::new(),
+        }
+    }
+
+    /// Holds the upstream slot until the last byte (the usage then settles
+    /// the token reservation).
+    pub fn hold(&mut self, permit: Permit) {
+        self.permit = Some(permit);
+    }
+
+    fn keep_tail(&mut self, data: &[u8]) {
+        const TAIL: usize = 2048;
+        if data.len() >= TAIL {
+            self.tail.clear();
+            self.tail.extend_from_slice(&data[data.len() - TAIL..]);
+        } else {
+            let excess = (self.tail.len() + data.len()).saturating_sub(TAIL);
+            self.tail.drain(..excess);
+            self.tail.extend_from_slice(data);
         }
     }
 
@@ -177,9 +202,17 @@ impl RelayBody {
 
     fn end(&mut self) {
         let (outcome, error) = self.outcome.take().unwrap_or((Outcome::Completed, None));
+        let usage = match &self.sse {
+            Some(sse) => sse.seen.usage,
+            None => sse::usage_in_json(&self.tail),
+        };
+        if let Some(permit) = &mut self.permit {
+            permit.settle(usage.input.unwrap_or(0) + usage.output.unwrap_or(0));
+        }
+        self.permit = None;
         if let Some(mut report) = self.report.take() {
+            report.usage = usage;
             if let Some(sse) = &mut self.sse {
-                report.usage = sse.seen.usage;
                 if outcome == Outcome::Incomplete {
                     report.partial = Some(std::mem::take(&mut sse.seen.text));
                     report.class = Some(Class::Transient);
@@ -299,6 +332,7 @@ impl Body for RelayBody {
                         Some(sse) => sse.feed(&data),
                         None => {
                             this.first_byte();
+                            this.keep_tail(&data);
                             // hyper stops polling once a sized body is
                             // complete: record the end with the last bytes.
                             if this.inner.as_ref().is_some_and(|i| i.is_end_stream()) {

@@ -241,6 +241,22 @@ fn anthropic(text: &mut TextSink<'_>, usage: &mut Usage, tool_call: &mut bool, n
     }
 }
 
+/// Token usage from the end of a JSON answer (`usage` is its last field
+/// for both protocols), without parsing the whole body.
+pub fn usage_in_json(tail: &[u8]) -> Usage {
+    let text = String::from_utf8_lossy(tail);
+    let number = |key: &str| {
+        let at = text.rfind(key)? + key.len();
+        let rest = text[at..].trim_start().strip_prefix(':')?.trim_start();
+        let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    };
+    Usage {
+        input: number("\"prompt_tokens\"").or_else(|| number("\"input_tokens\"")),
+        output: number("\"completion_tokens\"").or_else(|| number("\"output_tokens\"")),
+    }
+}
+
 /// Length of the first complete event in `buf` (separator included).
 fn event_end(buf: &[u8]) -> Option<usize> {
     let mut i = 0;
@@ -399,6 +415,15 @@ mod tests {
         s.feed(b"ices\":[]}\n\n");
         let (_, end) = s.next_event().unwrap();
         assert_eq!(&s.take(end)[..], b"data: {\"choices\":[]}\n\n");
+    }
+
+    #[test]
+    fn usage_from_json_answers() {
+        let oa = br#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}"#;
+        assert_eq!(usage_in_json(oa), Usage { input: Some(12), output: Some(34) });
+        let an = br#"{"content":[],"usage":{"input_tokens": 7, "output_tokens": 9}}"#;
+        assert_eq!(usage_in_json(an), Usage { input: Some(7), output: Some(9) });
+        assert_eq!(usage_in_json(b"{}"), Usage::default());
     }
 
     #[test]

@@ -89,6 +89,7 @@ impl WaitingBody {
         let Some(mut report) = self.report.take() else { return };
         report.upstream = relayed.upstream.and_then(|i| self.names.get(i).cloned());
         report.attempts = relayed.attempts;
+        report.queue_wait = relayed.queue_wait;
         match relayed.answer {
             Answer::Stream(_, mut body) => {
                 body.attach(report);

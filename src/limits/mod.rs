@@ -1,0 +1,377 @@
+//! Backpressure per upstream: a concurrency limit with a fair queue in
+//! front of it, rate buckets, and a limit that learns what nobody declared.
+//!
+//! Requests wait here instead of failing upstream: beyond the effective
+//! concurrency limit they queue (round robin between client keys, so one
+//! client's flood cannot starve another's single request), and a full queue
+//! is shed at once with a `Retry-After` from the queue's drain rate. A
+//! [`Permit`] is held for the whole request, stream included, and gives its
+//! slot back when dropped — on completion, error, client disconnect or
+//! panic alike. When an upstream answers "concurrency limit" while tidegate
+//! holds N slots, the effective limit drops (×0.75, floor 1) and grows back
+//! by 1/limit per success, up to the declared `max_concurrent` or
+//! `adaptive_max`.
+
+pub mod gcra;
+pub mod slots;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use gcra::Gcra;
+use slots::{Lease, MemorySlots, Slots};
+
+/// An upstream's limits, from its config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitConfig {
+    /// Declared concurrency cap.
+    pub max_concurrent: Option<u32>,
+    /// Learn the cap from "concurrency limit" answers.
+    pub adaptive: bool,
+    /// Ceiling of the learned cap when none is declared.
+    pub adaptive_max: u32,
+    /// Requests allowed to wait; beyond, an immediate 429.
+    pub max_queue: usize,
+    /// A slot frees only this long after its request ended.
+    pub slot_release_delay: Duration,
+    /// Requests per minute.
+    pub rpm: Option<u64>,
+    /// Tokens per minute.
+    pub tpm: Option<u64>,
+}
+
+impl Default for LimitConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: None,
+            adaptive: true,
+            adaptive_max: 256,
+            max_queue: 1024,
+            slot_release_delay: Duration::ZERO,
+            rpm: None,
+            tpm: None,
+        }
+    }
+}
+
+/// Why no slot was given.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refused {
+    /// The queue is full: come back after `retry_after`.
+    QueueFull {
+        /// Requests waiting.
+        queued: usize,
+        /// Estimated from the drain rate.
+        retry_after: Duration,
+    },
+    /// The request's deadline came first; no slot was taken.
+    Deadline {
+        /// Time spent waiting.
+        waited: Duration,
+        /// Estimated time until a slot frees.
+        retry_after: Duration,
+    },
+}
+
+/// What the admin API and metrics show.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Slots taken.
+    pub in_flight: u32,
+    /// The limit in force now.
+    pub effective_limit: u32,
+    /// Requests waiting.
+    pub queued: usize,
+}
+
+struct Waiter {
+    id: u64,
+    tx: oneshot::Sender<Permit>,
+}
+
+#[derive(Default)]
+struct Queue {
+    ring: VecDeque<String>,
+    waiters: HashMap<String, VecDeque<Waiter>>,
+    queued: usize,
+    next_id: u64,
+    last_release: Option<Instant>,
+    drain_per_sec: f64,
+}
+
+impl Queue {
+    fn push(&mut self, client: &str, tx: oneshot::Sender<Permit>) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        let q = self.waiters.entry(client.to_owned()).or_default();
+        if q.is_empty() {
+            self.ring.push_back(client.to_owned());
+        }
+        q.push_back(Waiter { id, tx });
+        self.queued += 1;
+        id
+    }
+
+    /// Next waiter, client keys in turn.
+    fn pop(&mut self) -> Option<Waiter> {
+        while let Some(client) = self.ring.pop_front() {
+            let Some(q) = self.waiters.get_mut(&client) else { continue };
+            let Some(w) = q.pop_front() else {
+                self.waiters.remove(&client);
+                continue;
+            };
+            if q.is_empty() {
+                self.waiters.remove(&client);
+            } else {
+                self.ring.push_back(client);
+            }
+            self.queued -= 1;
+            return Some(w);
+        }
+        None
+    }
+
+    fn remove(&mut self, client: &str, id: u64) {
+        let Some(q) = self.waiters.get_mut(client) else { return };
+        let before = q.len();
+        q.retain(|w| w.id != id);
+        self.queued -= before - q.len();
+        if q.is_empty() {
+            self.waiters.remove(client);
+            self.ring.retain(|c| c != client);
+        }
+    }
+
+    fn retry_after(&self) -> Duration {
+        let rate = if self.drain_per_sec > 0.0 { self.drain_per_sec } else { 1.0 };
+        Duration::from_secs_f64(((self.queued + 1) as f64 / rate).clamp(1.0, 300.0))
+    }
+}
+
+/// One upstream's limiter.
+pub struct Limiter {
+    me: std::sync::Weak<Limiter>,
+    config: LimitConfig,
+    slots: Box<dyn Slots>,
+    rpm: Option<Gcra>,
+    tpm: Option<Gcra>,
+    effective: Mutex<f64>,
+    queue: Mutex<Queue>,
+}
+
+/// A held slot (and the tokens reserved for the request).
+pub struct Permit {
+    limiter: Arc<Limiter>,
+    lease: Option<Lease>,
+    tokens: u64,
+}
+
+impl Permit {
+    /// Corrects the token reservation with the usage the upstream reported.
+    pub fn settle(&mut self, used_tokens: u64) {
+        if let Some(tpm) = &self.limiter.tpm {
+            tpm.adjust(used_tokens as i64 - self.tokens as i64, Instant::now());
+            self.tokens = used_tokens;
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            self.limiter.clone().release(lease);
+        }
+    }
+}
+
+/// Removes a waiter that gave up (deadline, client gone) from the queue.
+struct QueueSpot<'a> {
+    limiter: &'a Limiter,
+    client: &'a str,
+    id: u64,
+}
+
+impl Drop for QueueSpot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut q) = self.limiter.queue.lock() {
+            q.remove(self.client, self.id);
+        }
+    }
+}
+
+impl Limiter {
+    /// A limiter with in-process slots.
+    pub fn new(config: LimitConfig) -> Arc<Self> {
+        Self::with_slots(config, Box::new(MemorySlots::default()))
+    }
+
+    /// A limiter over any slot store.
+    pub fn with_slots(config: LimitConfig, slots: Box<dyn Slots>) -> Arc<Self> {
+        let minute = Duration::from_secs(60);
+        let start = f64::from(config.max_concurrent.unwrap_or(config.adaptive_max).max(1));
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            rpm: config.rpm.map(|n| Gcra::new(n, minute)),
+            tpm: config.tpm.map(|n| Gcra::new(n, minute)),
+            effective: Mutex::new(start),
+            queue: Mutex::new(Queue::default()),
+            slots,
+            config,
+        })
+    }
+
+    fn cap(&self) -> f64 {
+        f64::from(self.config.max_concurrent.unwrap_or(self.config.adaptive_max).max(1))
+    }
+
+    /// The concurrency limit in force.
+    pub fn effective_limit(&self) -> u32 {
+        let eff = self.effective.lock().map_or(self.cap(), |e| *e);
+        (eff.floor() as u32).max(1)
+    }
+
+    /// Current state for the admin API and metrics.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            in_flight: self.slots.taken(),
+            effective_limit: self.effective_limit(),
+            queued: self.queue.lock().map_or(0, |q| q.queued),
+        }
+    }
+
+    /// Waits for the rate buckets and a slot, in turn with other clients,
+    /// until `deadline`. Cancel-safe: dropping the future leaves the queue.
+    pub async fn acquire(self: &Arc<Self>, client: &str, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
+        let started = Instant::now();
+        let mut wait = Duration::ZERO;
+        if let Some(rpm) = &self.rpm {
+            wait = wait.max(rpm.reserve(1, started));
+        }
+        if let Some(tpm) = &self.tpm {
+            wait = wait.max(tpm.reserve(tokens, started));
+        }
+        if !wait.is_zero() {
+            if started + wait >= deadline {
+                return Err(Refused::Deadline { waited: Duration::ZERO, retry_after: wait });
+            }
+            tokio::time::sleep(wait).await;
+        }
+        let rx = {
+            let Ok(mut q) = self.queue.lock() else {
+                return Err(Refused::QueueFull { queued: 0, retry_after: Duration::from_secs(1) });
+            };
+            if q.queued == 0 {
+                if let Some(lease) = self.slots.try_take(self.effective_limit()) {
+                    return Ok(Permit { limiter: self.clone(), lease: Some(lease), tokens });
+                }
+            }
+            if q.queued >= self.config.max_queue {
+                return Err(Refused::QueueFull { queued: q.queued, retry_after: q.retry_after() });
+            }
+            let (tx, rx) = oneshot::channel();
+            let id = q.push(client, tx);
+            (rx, id)
+        };
+        let (rx, id) = rx;
+        let spot = QueueSpot { limiter: self, client, id };
+        // A slot may have freed between the failed take and the push.
+        self.dispatch();
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(mut permit)) => {
+                drop(spot);
+                permit.tokens = tokens;
+                Ok(permit)
+            }
+            Ok(Err(_)) | Err(_) => {
+                drop(spot);
+                let retry_after = self.queue.lock().map_or(Duration::from_secs(1), |q| q.retry_after());
+                Err(Refused::Deadline { waited: started.elapsed(), retry_after })
+            }
+        }
+    }
+
+    /// The upstream said "concurrency limit" while `held` slots were taken:
+    /// lower the effective limit (multiplicative decrease, floor 1).
+    pub fn on_concurrency_error(&self, held: u32) {
+        if !self.config.adaptive {
+            return;
+        }
+        if let Ok(mut eff) = self.effective.lock() {
+            let lowered = (f64::from(held) * 0.75).max(1.0);
+            if lowered < *eff {
+                tracing::info!(from = *eff, to = lowered, held, "concurrency limit lowered");
+                *eff = lowered;
+            }
+        }
+    }
+
+    /// A request succeeded: let the limit grow back slowly (additive).
+    pub fn on_success(&self) {
+        if !self.config.adaptive {
+            return;
+        }
+        if let Ok(mut eff) = self.effective.lock() {
+            if *eff < self.cap() {
+                *eff = (*eff + 1.0 / *eff).min(self.cap());
+            }
+        }
+    }
+
+    /// Slots taken right now.
+    pub fn in_flight(&self) -> u32 {
+        self.slots.taken()
+    }
+
+    fn release(self: Arc<Self>, lease: Lease) {
+        let delay = self.config.slot_release_delay;
+        if delay.is_zero() {
+            self.give_back(lease);
+            return;
+        }
+        // The upstream keeps the session open a while after the answer:
+        // the slot frees later. The task only sleeps and gives back.
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            self.give_back(lease);
+        });
+    }
+
+    fn give_back(&self, lease: Lease) {
+        self.slots.give_back(lease);
+        if let Ok(mut q) = self.queue.lock() {
+            let now = Instant::now();
+            if let Some(last) = q.last_release.replace(now) {
+                let dt = now.saturating_duration_since(last).as_secs_f64().max(1e-3);
+                q.drain_per_sec = 0.8 * q.drain_per_sec + 0.2 / dt;
+            }
+        }
+        self.dispatch();
+    }
+
+    /// Hands free slots to waiters, client keys in turn.
+    fn dispatch(&self) {
+        let Ok(mut q) = self.queue.lock() else { return };
+        while q.queued > 0 {
+            let Some(lease) = self.slots.try_take(self.effective_limit()) else { break };
+            let Some(waiter) = q.pop() else {
+                self.slots.give_back(lease);
+                break;
+            };
+            let Some(limiter) = self.me.upgrade() else {
+                self.slots.give_back(lease);
+                break;
+            };
+            let permit = Permit { limiter, lease: Some(lease), tokens: 0 };
+            if let Err(mut unsent) = waiter.tx.send(permit) {
+                // The waiter left: take the slot back without re-entering.
+                if let Some(lease) = unsent.lease.take() {
+                    self.slots.give_back(lease);
+                }
+            }
+        }
+    }
+}
