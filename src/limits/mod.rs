@@ -375,3 +375,116 @@ impl Limiter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(max: u32) -> Arc<Limiter> {
+        Limiter::new(LimitConfig { max_concurrent: Some(max), adaptive: false, ..Default::default() })
+    }
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    #[tokio::test]
+    async fn slots_come_back_on_drop_and_on_panic() {
+        let l = limiter(1);
+        let p = l.acquire("a", 1, far()).await.unwrap();
+        assert_eq!(l.in_flight(), 1);
+        drop(p);
+        assert_eq!(l.in_flight(), 0);
+        let l2 = l.clone();
+        let task = tokio::spawn(async move {
+            let _permit = l2.acquire("a", 1, far()).await;
+            panic!("request handler panicked while holding a slot");
+        });
+        assert!(task.await.is_err());
+        assert_eq!(l.in_flight(), 0, "a panic leaked the slot");
+        assert!(l.acquire("a", 1, far()).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn waiters_are_served_round_robin_across_clients() {
+        let l = limiter(1);
+        let first = l.acquire("a", 1, far()).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (i, client) in ["a", "a", "a", "b", "a", "b"].iter().enumerate() {
+            let (l, order) = (l.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let p = l.acquire(client, 1, far()).await.unwrap();
+                order.lock().unwrap().push(format!("{client}{i}"));
+                drop(p);
+            }));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(l.snapshot().queued, 6);
+        drop(first);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["a0", "b3", "a1", "b5", "a2", "a4"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slot_release_delay_holds_the_slot_after_the_request() {
+        let l = Limiter::new(LimitConfig {
+            max_concurrent: Some(1),
+            slot_release_delay: Duration::from_secs(45),
+            ..Default::default()
+        });
+        drop(l.acquire("a", 1, far()).await.unwrap());
+        assert_eq!(l.in_flight(), 1, "freed too early");
+        let started = Instant::now();
+        let p = l.acquire("a", 1, started + Duration::from_secs(120)).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_secs(45));
+        drop(p);
+    }
+
+    #[tokio::test]
+    async fn adaptive_limit_decreases_then_grows_back() {
+        let l = Limiter::new(LimitConfig::default());
+        assert_eq!(l.effective_limit(), 256);
+        l.on_concurrency_error(8);
+        assert_eq!(l.effective_limit(), 6);
+        l.on_concurrency_error(1);
+        assert_eq!(l.effective_limit(), 1);
+        for _ in 0..3 {
+            l.on_success();
+        }
+        assert_eq!(l.effective_limit(), 2, "additive increase, slowly");
+        let fixed = limiter(3);
+        fixed.on_concurrency_error(2);
+        assert_eq!(fixed.effective_limit(), 3, "adaptive off keeps the declared limit");
+    }
+
+    #[tokio::test]
+    async fn ten_thousand_waiters_cost_little_and_leave_cleanly() {
+        let l = Limiter::new(LimitConfig { max_concurrent: Some(1), max_queue: 20_000, ..Default::default() });
+        let holder = l.acquire("a", 1, far()).await.unwrap();
+        let tasks: Vec<_> = (0..10_000)
+            .map(|i| {
+                let l = l.clone();
+                tokio::spawn(async move { l.acquire(if i % 2 == 0 { "a" } else { "b" }, 1, far()).await.is_ok() })
+            })
+            .collect();
+        for _ in 0..2000 {
+            if l.snapshot().queued == 10_000 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(l.snapshot().queued, 10_000);
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        assert_eq!(l.snapshot().queued, 0, "cancelled waiters must leave the queue");
+        drop(holder);
+        assert_eq!(l.in_flight(), 0);
+    }
+}
