@@ -153,6 +153,7 @@ http {{
   }}
 }}
 """)
+    write("baseline.yaml", open(gw_cfg).read().replace(f"listen: 127.0.0.1:{GW}", f"listen: 127.0.0.1:{GW + 1}"))
     log_env = {"RUST_LOG": os.environ.get("RUST_LOG", "info"), "NO_COLOR": "1"}
     procs = []
     try:
@@ -166,6 +167,14 @@ http {{
         wait_port(NGINX)
         wait_port(GW)
         targets = {"direct": SIM, "nginx": NGINX, "tidegate": GW}
+        # BASELINE_BIN=/path/to/an/older/tidegate adds it as a fifth column,
+        # measured in the same run (e.g. to price a change on the hot path).
+        baseline = os.environ.get("BASELINE_BIN")
+        if baseline:
+            procs.append(start([baseline, "serve", "--config", gw_cfg.replace("tidegate.yaml", "baseline.yaml"),
+                                "--workers", "1"], 0, log_env, "baseline.log"))
+            wait_port(GW + 1)
+            targets["baseline"] = GW + 1
         results = {name: {} for name in targets}
         ulimit_ok = True
 
@@ -206,6 +215,8 @@ http {{
         results["nginx"]["rss"] = [rss_peak_kib(nginx_worker_pid(nginx.pid)) / 1024]
         results["tidegate"]["rss"] = [rss_peak_kib(gw.pid) / 1024]
         results["direct"]["rss"] = [float("nan")]
+        if "baseline" in results:
+            results["baseline"]["rss"] = [float("nan")]
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -248,6 +259,11 @@ http {{
         ("peak RSS ≤ 2× nginx's", t["rss"] <= 2 * n["rss"]),
         ("SSE added first byte ≤ 0.5 ms", t["ttfb"] - d["ttfb"] <= 0.5),
     ]
+    if "baseline" in m:
+        b = m["baseline"]
+        print()
+        print(f"Baseline binary, same run: throughput {b['rps']:.0f} req/s = {b['rps'] / n['rps']:.2f}× nginx; "
+              f"this build {t['rps'] / n['rps']:.2f}× nginx ({100 * (t['rps'] / b['rps'] - 1):+.1f}% vs baseline)")
     print()
     for label, ok in verdicts:
         print(f"- [{'x' if ok else ' '}] {label}")
