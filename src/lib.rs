@@ -21,6 +21,7 @@
 pub mod classify;
 pub mod config;
 pub mod error;
+pub mod health;
 pub mod limits;
 pub mod logging;
 pub mod protocol;

@@ -54,6 +54,9 @@ pub struct Behavior {
     /// Answer `429` "model concurrency limit exceeded" (code 3009, no
     /// `Retry-After`) whenever more than this many requests are in flight.
     pub reject_over: Option<usize>,
+    /// Share of requests answered `503 overloaded` at random (seeded by
+    /// `SimConfig::seed`, so runs repeat).
+    pub fail_rate: f64,
     /// Prefix each stream event with a `: ts=<unix µs>` comment taken when
     /// it is sent (for measuring per-event latency through a proxy).
     pub stamp: bool,
@@ -151,6 +154,7 @@ impl Default for Behavior {
             first_chunk_delay_ms: 0,
             drop_after: None,
             reject_over: None,
+            fail_rate: 0.0,
             stamp: false,
             script: Vec::new(),
         }
@@ -167,6 +171,8 @@ pub struct SimConfig {
     pub models: HashMap<String, Behavior>,
     /// Keep every received request (tests); off for benchmarks.
     pub record: bool,
+    /// Seed of the random faults (`fail_rate`).
+    pub seed: u64,
 }
 
 /// One request as the simulator received it.
@@ -188,6 +194,7 @@ pub struct SimState {
     config: SimConfig,
     received: Mutex<Vec<Received>>,
     served: Mutex<HashMap<String, usize>>,
+    rng: Mutex<Option<fastrand::Rng>>,
     /// Requests being answered right now.
     pub in_flight: AtomicUsize,
     /// Highest `in_flight` seen.
@@ -305,6 +312,17 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
         return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(r#"{"error":{"message":"bad json"}}"#));
     };
     let behavior = state.config.models.get(&head.model).unwrap_or(&state.config.default);
+    if behavior.fail_rate > 0.0 {
+        let roll = state
+            .rng
+            .lock()
+            .map_or(1.0, |mut r| r.get_or_insert_with(|| fastrand::Rng::with_seed(state.config.seed)).f64());
+        if roll < behavior.fail_rate {
+            flight.finish();
+            let body = r#"{"error":{"message":"The server is overloaded","type":"overloaded"}}"#;
+            return respond(StatusCode::SERVICE_UNAVAILABLE, "application/json", Body::from(body));
+        }
+    }
     if behavior.reject_over.is_some_and(|n| state.in_flight.load(Ordering::SeqCst) > n) {
         state.rejected.fetch_add(1, Ordering::SeqCst);
         flight.finish();

@@ -16,6 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::UpstreamConfig;
+use crate::health::Health;
 use crate::limits::Limiter;
 use crate::protocol::Protocol;
 use crate::retry::RetryBudget;
@@ -54,6 +55,8 @@ pub struct Upstream {
     pub budget: RetryBudget,
     /// Queue, concurrency slots and rate buckets.
     pub limiter: Arc<Limiter>,
+    /// Cooldown and circuit breaker.
+    pub health: Health,
     client: HttpClient,
     uri: Uri,
     auth: Option<(HeaderName, HeaderValue)>,
@@ -113,7 +116,15 @@ impl Upstream {
             .pool_max_idle_per_host(if config.connection_close { 0 } else { usize::MAX })
             .http1_read_buf_exact_size(READ_BUF)
             .build(https);
-        Ok(Self { limiter: Limiter::new(config.limits.clone()), budget, config, client, uri, auth })
+        Ok(Self {
+            limiter: Limiter::new(config.limits.clone()),
+            health: Health::new(config.breaker.clone()),
+            budget,
+            config,
+            client,
+            uri,
+            auth,
+        })
     }
 
     /// The upstream request for a client request: same body bytes, this

@@ -146,6 +146,10 @@ fn builtin(status: StatusCode, lower: &str, should_retry: Option<bool>) -> Class
         401 | 403 if has_any(lower, ENTITLEMENT_WORDS) => Class::Entitlement,
         401 | 403 => Class::Auth,
         402 => Class::Entitlement,
+        // The model is gone on this upstream: another target may have it.
+        404 if lower.contains("model_not_found") || (lower.contains("model") && lower.contains("does not exist")) => {
+            Class::Entitlement
+        }
         408 | 409 => Class::Transient,
         429 if has_any(lower, ENTITLEMENT_WORDS) => Class::Entitlement,
         429 | 503 | 529 => Class::Capacity,

@@ -18,6 +18,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
+use crate::health::BreakerConfig;
 use crate::limits::LimitConfig;
 use crate::protocol::Protocol;
 use crate::retry::{Policy, Rules};
@@ -95,6 +96,8 @@ pub struct UpstreamConfig {
     pub rules: Rules,
     /// Concurrency, queue and rate limits.
     pub limits: LimitConfig,
+    /// Circuit breaker settings.
+    pub breaker: BreakerConfig,
 }
 
 /// What a model alias routes to.
@@ -108,6 +111,17 @@ pub struct ModelRoute {
     pub deadline: Duration,
     /// Continue broken text streams from the text already delivered.
     pub stream_resume: bool,
+    /// How targets are chosen.
+    pub strategy: Strategy,
+}
+
+/// How an alias picks among its targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// In order: the first available target.
+    Failover,
+    /// The least loaded target (in-flight relative to weight × limit).
+    Balance,
 }
 
 /// One routing target.
@@ -117,6 +131,8 @@ pub struct Target {
     pub upstream: usize,
     /// Model name to send upstream.
     pub model: String,
+    /// Relative share under `balance`.
+    pub weight: u32,
 }
 
 /// A secret string: `Debug` and `Display` print `***`, so a stray `{:?}` in a

@@ -171,6 +171,15 @@ pub struct RawUpstream {
     /// Ceiling of the learned limit when `max_concurrent` is not set.
     #[serde(default)]
     pub adaptive_max: Option<u32>,
+    /// Consecutive transient/auth/entitlement failures that open the breaker.
+    #[serde(default)]
+    pub breaker_failures: Option<u32>,
+    /// First open period of the breaker.
+    #[serde(default)]
+    pub breaker_cooldown: Option<String>,
+    /// Longest open period of the breaker.
+    #[serde(default)]
+    pub breaker_max_cooldown: Option<String>,
     /// Answers to retry although the built-in classification would not.
     #[serde(default)]
     pub retry: Vec<RawRule>,
@@ -191,6 +200,9 @@ pub struct RawModel {
     /// Continue a text stream that broke mid-way instead of failing it.
     #[serde(default)]
     pub stream_resume: bool,
+    /// `failover` (in order) or `balance` (least loaded).
+    #[serde(default)]
+    pub strategy: Option<String>,
 }
 
 /// One `{upstream, model}` pair.
@@ -202,4 +214,7 @@ pub struct RawTarget {
     /// Model name sent upstream; omitted means the alias itself.
     #[serde(default)]
     pub model: Option<String>,
+    /// Relative share under `strategy: balance`.
+    #[serde(default)]
+    pub weight: Option<u32>,
 }

@@ -8,7 +8,8 @@ use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
 use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
-use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Target, UpstreamConfig};
+use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Strategy, Target, UpstreamConfig};
+use crate::health::BreakerConfig;
 use crate::limits::LimitConfig;
 use crate::protocol::Protocol;
 use crate::retry::{Policy, Rule, Rules};
@@ -222,6 +223,17 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
             problems.push(format!("{}: must be at least 1", at(field)));
         }
     }
+    let fallback_breaker = BreakerConfig::default();
+    let breaker = BreakerConfig {
+        failures: u.breaker_failures.unwrap_or(fallback_breaker.failures).max(1),
+        cooldown: duration(&at("breaker_cooldown"), &u.breaker_cooldown, fallback_breaker.cooldown, problems),
+        max_cooldown: duration(
+            &at("breaker_max_cooldown"),
+            &u.breaker_max_cooldown,
+            fallback_breaker.max_cooldown,
+            problems,
+        ),
+    };
     ok &= problems.len() == before;
     if !ok {
         return None;
@@ -239,6 +251,7 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         stream_idle_timeout,
         rules,
         limits,
+        breaker,
     })
 }
 
@@ -314,11 +327,22 @@ fn models(
             if name.is_empty() {
                 problems.push(format!("models.{alias}.targets[{j}].model: must not be empty"));
             }
-            targets.push(Target { upstream: idx, model: name });
+            targets.push(Target { upstream: idx, model: name, weight: t.weight.unwrap_or(1).max(1) });
         }
         let deadline = duration(&format!("models.{alias}.deadline"), &model.deadline, default_deadline, problems);
+        let strategy = match model.strategy.as_deref() {
+            None | Some("failover") => Strategy::Failover,
+            Some("balance") => Strategy::Balance,
+            Some(other) => {
+                problems.push(format!("models.{alias}.strategy: {other:?} is not one of failover, balance"));
+                Strategy::Failover
+            }
+        };
         if let Some(protocol) = protocol {
-            out.insert(alias.clone(), ModelRoute { protocol, targets, deadline, stream_resume: model.stream_resume });
+            out.insert(
+                alias.clone(),
+                ModelRoute { protocol, targets, deadline, stream_resume: model.stream_resume, strategy },
+            );
         }
     }
     out

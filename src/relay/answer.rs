@@ -98,6 +98,54 @@ pub(super) struct Context<'a> {
     pub elapsed: Duration,
     pub policy: &'a Policy,
     pub stop_client_retries: bool,
+    /// Each target's last failure, when more than one was tried.
+    pub tried: String,
+}
+
+impl<'a> Context<'a> {
+    pub fn new(
+        gw: &'a crate::server::Gateway,
+        upstream: &'a Upstream,
+        attempts: usize,
+        started: tokio::time::Instant,
+        tried: &[super::targets::Tried],
+    ) -> Self {
+        let tried = if tried.len() > 1 {
+            tried
+                .iter()
+                .map(|t| {
+                    let name = gw.upstreams.get(t.upstream).map_or("?", |u| u.config.name.as_str());
+                    let s = if t.attempts == 1 { "" } else { "s" };
+                    format!("{name} ({} error, {} attempt{s}: {})", t.class.as_str(), t.attempts, t.last)
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        } else {
+            String::new()
+        };
+        Self {
+            upstream,
+            attempts: attempts as u32,
+            elapsed: started.elapsed(),
+            policy: &gw.config.retry,
+            stop_client_retries: gw.config.stop_client_retries,
+            tried,
+        }
+    }
+}
+
+/// The outcome standing for "no target could be tried at all".
+pub(super) fn breakers_open() -> Outcome {
+    Outcome {
+        class: Class::Transient,
+        status: None,
+        hints: crate::classify::Hints::default(),
+        summary:
+            "every target's circuit breaker is open (repeated failures); the first probe is not due before the deadline"
+                .into(),
+        rule: None,
+        concurrency: false,
+    }
 }
 
 pub(super) fn give_up(
@@ -108,7 +156,7 @@ pub(super) fn give_up(
 ) -> Answer {
     let verbatim = match why {
         GiveUp::NotRetryable | GiveUp::ProviderSaidNo | GiveUp::Chained => true,
-        GiveUp::Exhausted | GiveUp::BudgetSpent | GiveUp::BeyondDeadline { .. } => false,
+        GiveUp::Exhausted | GiveUp::BudgetSpent | GiveUp::BeyondDeadline { .. } | GiveUp::BreakerOpen { .. } => false,
     };
     if verbatim {
         if let Some((mut parts, body)) = answer {
@@ -137,6 +185,12 @@ fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> Gateway
         GiveUp::BeyondDeadline { wait } => {
             (status, kind, wait, format!("it asks to wait {}, longer than this request's deadline allows", secs(wait)))
         }
+        GiveUp::BreakerOpen { wait } => (
+            status,
+            kind,
+            wait,
+            format!("its circuit breaker is open after repeated failures; the next probe is due in {}", secs(wait)),
+        ),
         GiveUp::BudgetSpent => (
             status,
             kind,
@@ -150,14 +204,23 @@ fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> Gateway
             (status, kind, outcome.hints.retry_after.unwrap_or(next_backoff), "it cannot be retried".into())
         }
     };
-    let mut message = format!(
-        "upstream {name} is still {state} ({} error) after {} attempt{} over {}; {reason}. Last answer: {}.",
-        outcome.class.as_str(),
-        ctx.attempts,
-        if ctx.attempts == 1 { "" } else { "s" },
-        secs(ctx.elapsed),
-        outcome.summary,
-    );
+    let mut message = if ctx.tried.is_empty() {
+        format!(
+            "upstream {name} is still {state} ({} error) after {} attempt{} over {}; {reason}. Last answer: {}.",
+            outcome.class.as_str(),
+            ctx.attempts,
+            if ctx.attempts == 1 { "" } else { "s" },
+            secs(ctx.elapsed),
+            outcome.summary,
+        )
+    } else {
+        format!(
+            "every target is still unavailable after {} attempts over {}; {reason}. Tried: {}.",
+            ctx.attempts,
+            secs(ctx.elapsed),
+            ctx.tried
+        )
+    };
     if let Some(reset) = outcome.hints.projected_reset {
         message.push_str(&format!(
             " The provider projects a reset at {reset} (a projection: limits often clear much sooner)."

@@ -10,6 +10,7 @@
 //! upstream call.
 
 mod answer;
+mod targets;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +24,7 @@ use tokio::time::Instant;
 pub use answer::Answer;
 
 use crate::classify::{self, Class, Outcome, TransportFailure};
-use crate::protocol::{self, Protocol, RequestHead};
+use crate::protocol::{Protocol, RequestHead};
 use crate::retry::{self, Decision, GiveUp, Situation};
 use crate::server::Gateway;
 use crate::stream::RelayBody;
@@ -31,6 +32,7 @@ use crate::stream::handshake::{self, Handshake};
 use crate::stream::resume::Resume;
 use crate::stream::waiting::Progress;
 use crate::upstream::{SendError, Upstream};
+use targets::{Pick, Targets};
 
 /// Token estimate for a request without `max_tokens` (rate limits).
 const DEFAULT_MAX_TOKENS: u64 = 1024;
@@ -114,24 +116,43 @@ enum Attempt {
     Failure(Outcome, Option<(http::response::Parts, Bytes)>),
 }
 
-/// Runs attempts against the route's first target until success, a final
-/// error, or the deadline.
+/// Runs attempts across the alias's targets until success, a final error,
+/// or the deadline.
 pub async fn relay(job: Job) -> Relayed {
     let gw = &job.gw;
     let started = Instant::now();
     let mut attempts: Vec<AttemptLog> = Vec::new();
-    let target = gw.config.models.get_index(job.route).and_then(|(_, r)| r.targets.first());
-    let Some((index, upstream, target)) = target.and_then(|t| gw.upstreams.get(t.upstream).map(|u| (t.upstream, u, t)))
-    else {
-        let error = crate::error::GatewayError::UnknownModel("model has no usable target".into());
-        return Relayed { answer: Answer::Gateway(error), upstream: None, attempts, queue_wait: Duration::ZERO };
-    };
-    // One body for every attempt: byte-identical retries.
-    let body = protocol::body_for_target(&job.body, &job.head, &target.model);
-    upstream.budget.record_request(std::time::Instant::now());
-    let tokens = job.head.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) + job.body.len() as u64 / 4;
     let mut queue_wait = Duration::ZERO;
+    let Some((_, route)) = gw.config.models.get_index(job.route) else {
+        let error = crate::error::GatewayError::UnknownModel("model has no usable target".into());
+        return Relayed { answer: Answer::Gateway(error), upstream: None, attempts, queue_wait };
+    };
+    let mut targets = Targets::new(gw, route);
+    let tokens = job.head.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) + job.body.len() as u64 / 4;
+    let mut last: Option<(Outcome, usize)> = None;
     loop {
+        let ti = match targets.pick(Instant::now()) {
+            Pick::Use(ti) => ti,
+            // Every target left is broken: fail fast, saying when the
+            // first probe is due, rather than queueing behind a breaker.
+            Pick::WaitUntil(_) | Pick::NoneLeft => {
+                let probe = match targets.pick(Instant::now()) {
+                    Pick::WaitUntil(until) => until.saturating_duration_since(Instant::now()),
+                    Pick::Use(_) | Pick::NoneLeft => Duration::from_secs(1),
+                };
+                let (outcome, index) = last.take().unwrap_or_else(|| (answer::breakers_open(), 0));
+                let upstream = &gw.upstreams[route.targets[index].upstream];
+                let wait = probe.max(Duration::from_secs(1));
+                let ctx = answer::Context::new(gw, upstream, attempts.len(), started, &targets.tried);
+                let answer = answer::give_up(&ctx, GiveUp::BreakerOpen { wait }, &outcome, None);
+                return Relayed { answer, upstream: Some(upstream_index(route, index)), attempts, queue_wait };
+            }
+        };
+        let index = route.targets[ti].upstream;
+        let upstream = &gw.upstreams[index];
+        if targets.first_use(ti) {
+            upstream.budget.record_request(std::time::Instant::now());
+        }
         job.progress.attempt(index);
         // Wait for the upstream's rate buckets and a concurrency slot.
         let queued_at = Instant::now();
@@ -145,9 +166,11 @@ pub async fn relay(job: Job) -> Relayed {
         queue_wait += queued_at.elapsed();
         let held = upstream.limiter.in_flight();
         let remaining = job.deadline.saturating_duration_since(Instant::now());
-        let (outcome, buffered) = match attempt(&job, upstream, body.clone(), remaining).await {
+        let body = targets.body(ti, &job);
+        let (outcome, buffered) = match attempt(&job, upstream, body, remaining).await {
             Attempt::Success(mut answer) => {
                 upstream.limiter.on_success();
+                upstream.health.on_success();
                 attempts.push(AttemptLog {
                     upstream: index,
                     status: Some(200),
@@ -168,10 +191,15 @@ pub async fn relay(job: Job) -> Relayed {
         };
         // Give the slot back before any wait: others may use it meanwhile.
         drop(permit);
+        let now = Instant::now();
+        upstream.health.on_failure(outcome.class, outcome.hints.retry_after, now);
         if outcome.class == Class::Capacity && outcome.concurrency {
             upstream.limiter.on_concurrency_error(held);
         }
-        let now = Instant::now();
+        if matches!(outcome.class, Class::Auth | Class::Entitlement) {
+            targets.exclude(ti);
+        }
+        targets.failed(ti, outcome.class, &outcome.summary);
         let situation = Situation {
             outcome: &outcome,
             attempts: attempts.len() as u32 + 1,
@@ -179,6 +207,8 @@ pub async fn relay(job: Job) -> Relayed {
             remaining: job.deadline.saturating_duration_since(now),
             budget_ok: upstream.budget.has_room(std::time::Instant::now()),
             chained: job.chained,
+            other_target_ready: targets.other_ready(ti, now),
+            other_target_left: targets.other_left(ti),
             others_in_flight: upstream.limiter.in_flight() > 0,
             jitter: fastrand::f64(),
         };
@@ -190,13 +220,14 @@ pub async fn relay(job: Job) -> Relayed {
             summary: outcome.summary.clone(),
             verdict: match &decision {
                 Decision::Retry { .. } => "retry_same",
+                Decision::NextTarget => "next_target",
                 Decision::Requeue => "requeue",
                 Decision::GiveUp(GiveUp::NotRetryable) if outcome.rule.as_ref().is_some_and(|r| r.fatal) => "fatal",
                 Decision::GiveUp(_) => "give_up",
             },
             wait: match &decision {
                 Decision::Retry { wait, .. } => Some(*wait),
-                Decision::Requeue | Decision::GiveUp(_) => None,
+                Decision::NextTarget | Decision::Requeue | Decision::GiveUp(_) => None,
             },
         });
         match decision {
@@ -207,22 +238,24 @@ pub async fn relay(job: Job) -> Relayed {
                 tracing::debug!(upstream = %upstream.config.name, class = outcome.class.as_str(), ?wait, source, "retrying");
                 tokio::time::sleep(wait).await;
             }
+            Decision::NextTarget => {
+                tracing::debug!(upstream = %upstream.config.name, class = outcome.class.as_str(), "failing over");
+            }
             Decision::Requeue => {
                 tracing::debug!(upstream = %upstream.config.name, held, "concurrency refusal: back in the queue");
             }
             Decision::GiveUp(why) => {
-                let ctx = answer::Context {
-                    upstream,
-                    attempts: attempts.len() as u32,
-                    elapsed: started.elapsed(),
-                    policy: &gw.config.retry,
-                    stop_client_retries: gw.config.stop_client_retries,
-                };
+                let ctx = answer::Context::new(gw, upstream, attempts.len(), started, &targets.tried);
                 let answer = answer::give_up(&ctx, why, &outcome, buffered);
                 return Relayed { answer, upstream: Some(index), attempts, queue_wait };
             }
         }
+        last = Some((outcome, ti));
     }
+}
+
+fn upstream_index(route: &crate::config::ModelRoute, target: usize) -> usize {
+    route.targets.get(target).map_or(0, |t| t.upstream)
 }
 
 /// One attempt: send, and turn whatever came back into an answer or a

@@ -104,6 +104,10 @@ pub struct Situation<'a> {
     pub budget_ok: bool,
     /// The request already passed through another tidegate: that one retries.
     pub chained: bool,
+    /// Another target of the alias is available right now.
+    pub other_target_ready: bool,
+    /// Another target of the alias has not been ruled out for this request.
+    pub other_target_left: bool,
     /// Other requests hold slots on this upstream: a concurrency refusal
     /// can wait for one of them to finish instead of a blind backoff.
     pub others_in_flight: bool,
@@ -121,6 +125,8 @@ pub enum Decision {
         /// Where the wait came from: a header name, `rule` or `backoff`.
         source: &'static str,
     },
+    /// Try the alias's next target at once, the same bytes but its model.
+    NextTarget,
     /// A concurrency refusal while others hold slots: wait in the
     /// upstream's queue (whose limit was just lowered) for a free slot.
     Requeue,
@@ -141,6 +147,12 @@ pub enum GiveUp {
     Exhausted,
     /// The upstream's retry budget is spent (outage protection).
     BudgetSpent,
+    /// Every target left has an open circuit breaker; `wait` is the time
+    /// until the first probe is due.
+    BreakerOpen {
+        /// Until the first probe.
+        wait: Duration,
+    },
     /// The wait needed exceeds the time left; `wait` is what a client
     /// should wait before trying again.
     BeyondDeadline {
@@ -153,10 +165,14 @@ pub enum GiveUp {
 pub fn decide(s: &Situation<'_>) -> Decision {
     let outcome = s.outcome;
     let rule = outcome.rule.as_ref().filter(|r| !r.fatal);
+    let max_attempts = rule.and_then(|r| r.max_attempts).unwrap_or(s.policy.max_attempts);
     match outcome.class {
-        Class::Request | Class::Auth | Class::Entitlement => {
-            return Decision::GiveUp(GiveUp::NotRetryable);
+        Class::Request => return Decision::GiveUp(GiveUp::NotRetryable),
+        // Not on this target; another may serve the same request.
+        Class::Auth | Class::Entitlement if s.other_target_left && !s.chained && s.attempts < max_attempts => {
+            return Decision::NextTarget;
         }
+        Class::Auth | Class::Entitlement => return Decision::GiveUp(GiveUp::NotRetryable),
         Class::Capacity | Class::Transient => {}
     }
     if s.chained {
@@ -165,9 +181,12 @@ pub fn decide(s: &Situation<'_>) -> Decision {
     if outcome.hints.should_retry == Some(false) && rule.is_none() {
         return Decision::GiveUp(GiveUp::ProviderSaidNo);
     }
-    let max_attempts = rule.and_then(|r| r.max_attempts).unwrap_or(s.policy.max_attempts);
     if s.attempts >= max_attempts {
         return Decision::GiveUp(GiveUp::Exhausted);
+    }
+    // Busy or broken here, free elsewhere: move on without waiting.
+    if s.other_target_ready {
+        return Decision::NextTarget;
     }
     let paced = outcome.hints.retry_after.is_some() || rule.and_then(|r| r.delay).is_some();
     if outcome.class == Class::Capacity && outcome.concurrency && s.others_in_flight && !paced {

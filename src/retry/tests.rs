@@ -24,6 +24,8 @@ fn situation<'a>(o: &'a Outcome, p: &'a Policy, attempts: u32) -> Situation<'a> 
         remaining: Duration::from_secs(120),
         budget_ok: true,
         chained: false,
+        other_target_ready: false,
+        other_target_left: false,
         others_in_flight: false,
         jitter: 0.5,
     }
@@ -186,4 +188,27 @@ fn concurrency_refusals_requeue_only_when_others_hold_slots() {
     o.hints.retry_after = Some(Duration::from_secs(1));
     let s = Situation { outcome: &o, others_in_flight: true, ..situation(&o, &p, 1) };
     assert!(matches!(decide(&s), Decision::Retry { .. }));
+}
+
+#[test]
+fn other_targets_are_tried_before_waiting() {
+    let p = Policy::default();
+    let cap = outcome(Class::Capacity);
+    let s = Situation { other_target_ready: true, other_target_left: true, ..situation(&cap, &p, 1) };
+    assert_eq!(decide(&s), Decision::NextTarget);
+    // All others cooling down: back off here.
+    let s = Situation { other_target_ready: false, other_target_left: true, ..situation(&cap, &p, 1) };
+    assert!(matches!(decide(&s), Decision::Retry { .. }));
+    // Auth on this target: skip to any target left, even one cooling down.
+    let auth = outcome(Class::Auth);
+    let s = Situation { other_target_left: true, ..situation(&auth, &p, 1) };
+    assert_eq!(decide(&s), Decision::NextTarget);
+    assert_eq!(decide(&situation(&auth, &p, 1)), Decision::GiveUp(GiveUp::NotRetryable));
+    // A request error stops whatever else is available.
+    let req = outcome(Class::Request);
+    let s = Situation { other_target_ready: true, other_target_left: true, ..situation(&req, &p, 1) };
+    assert_eq!(decide(&s), Decision::GiveUp(GiveUp::NotRetryable));
+    // Attempts bound failover too.
+    let s = Situation { other_target_ready: true, other_target_left: true, ..situation(&cap, &p, 6) };
+    assert_eq!(decide(&s), Decision::GiveUp(GiveUp::Exhausted));
 }

@@ -17,6 +17,7 @@ pub fn sim(models: &[(&str, Behavior)]) -> Simulator {
         default: Behavior::default(),
         models: models.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<HashMap<_, _>>(),
         record: true,
+        seed: 7,
     };
     Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
 }

@@ -1,0 +1,239 @@
+//! Upstream health: cooldowns after capacity errors and circuit breakers
+//! that heal.
+//!
+//! A capacity error or a provider's `Retry-After`/reset hint puts the
+//! upstream into cooldown until then; other targets are preferred
+//! meanwhile, and a new hint only ever extends a cooldown. A streak of
+//! transient, auth or entitlement failures opens the breaker; after its
+//! cooldown exactly one probe request is let through (half-open): success
+//! closes it, failure reopens it with a doubled cooldown, capped. A breaker
+//! never stays open forever, and state lives in memory, so a restart resets
+//! it.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::classify::Class;
+
+/// Breaker settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker.
+    pub failures: u32,
+    /// First open period.
+    pub cooldown: Duration,
+    /// Longest open period.
+    pub max_cooldown: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self { failures: 5, cooldown: Duration::from_secs(10), max_cooldown: Duration::from_secs(300) }
+    }
+}
+
+/// Can a request go to this upstream now?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Availability {
+    /// Yes.
+    Ready,
+    /// Yes, as the single half-open probe (report its result).
+    Probe,
+    /// Busy: usable, but others are preferred until this instant.
+    Cooling(Instant),
+    /// Broken: not before this instant.
+    Open(Instant),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Breaker {
+    Closed,
+    Open { until: Instant, period: Duration },
+    HalfOpen { probing: bool, period: Duration },
+}
+
+#[derive(Debug)]
+struct State {
+    cooldown_until: Option<Instant>,
+    streak: u32,
+    breaker: Breaker,
+}
+
+/// One upstream's health.
+#[derive(Debug)]
+pub struct Health {
+    config: BreakerConfig,
+    state: Mutex<State>,
+}
+
+/// What the admin API shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthSnapshot {
+    /// `ok`, `cooling_down`, `open` or `half_open`.
+    pub state: &'static str,
+    /// Time left in a cooldown or open breaker.
+    pub for_ms: u64,
+    /// Consecutive failures.
+    pub streak: u32,
+}
+
+impl Health {
+    /// A healthy upstream.
+    pub fn new(config: BreakerConfig) -> Self {
+        Self { config, state: Mutex::new(State { cooldown_until: None, streak: 0, breaker: Breaker::Closed }) }
+    }
+
+    /// Whether a request may go now; claims the probe when half-open.
+    pub fn check(&self, now: Instant) -> Availability {
+        let Ok(mut s) = self.state.lock() else { return Availability::Ready };
+        match s.breaker {
+            Breaker::Open { until, period } if now >= until => {
+                s.breaker = Breaker::HalfOpen { probing: true, period };
+                return Availability::Probe;
+            }
+            Breaker::Open { until, .. } => return Availability::Open(until),
+            Breaker::HalfOpen { probing: false, period } => {
+                s.breaker = Breaker::HalfOpen { probing: true, period };
+                return Availability::Probe;
+            }
+            Breaker::HalfOpen { probing: true, period } => {
+                return Availability::Open(now + period.min(Duration::from_secs(1)));
+            }
+            Breaker::Closed => {}
+        }
+        match s.cooldown_until {
+            Some(until) if until > now => Availability::Cooling(until),
+            _ => Availability::Ready,
+        }
+    }
+
+    /// Like [`Health::check`] without claiming a probe.
+    pub fn peek(&self, now: Instant) -> Availability {
+        let Ok(s) = self.state.lock() else { return Availability::Ready };
+        match s.breaker {
+            Breaker::Open { until, .. } if now < until => Availability::Open(until),
+            Breaker::HalfOpen { probing: true, period } => Availability::Open(now + period.min(Duration::from_secs(1))),
+            Breaker::Open { .. } | Breaker::HalfOpen { .. } => Availability::Probe,
+            Breaker::Closed => match s.cooldown_until {
+                Some(until) if until > now => Availability::Cooling(until),
+                _ => Availability::Ready,
+            },
+        }
+    }
+
+    /// A request succeeded: the streak ends, a half-open breaker closes.
+    pub fn on_success(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.streak = 0;
+            s.breaker = Breaker::Closed;
+        }
+    }
+
+    /// A request failed with `class`; `hint` is the provider's wait.
+    pub fn on_failure(&self, class: Class, hint: Option<Duration>, now: Instant) {
+        let Ok(mut s) = self.state.lock() else { return };
+        match class {
+            Class::Capacity => {
+                // Busy is not broken: cool down, do not count toward the breaker.
+                let until = now + hint.unwrap_or(Duration::from_secs(1));
+                s.cooldown_until = Some(s.cooldown_until.map_or(until, |u| u.max(until)));
+                if let Breaker::HalfOpen { period, .. } = s.breaker {
+                    s.breaker = Breaker::HalfOpen { probing: false, period };
+                }
+                return;
+            }
+            // The request's own fault says nothing about the upstream.
+            Class::Request => return,
+            Class::Transient | Class::Auth | Class::Entitlement => {}
+        }
+        s.streak += 1;
+        s.breaker = match s.breaker {
+            Breaker::HalfOpen { period, .. } => {
+                let period = (period * 2).min(self.config.max_cooldown);
+                Breaker::Open { until: now + period, period }
+            }
+            Breaker::Closed if s.streak >= self.config.failures => {
+                Breaker::Open { until: now + self.config.cooldown, period: self.config.cooldown }
+            }
+            other => other,
+        };
+        if let Some(h) = hint {
+            let until = now + h;
+            s.cooldown_until = Some(s.cooldown_until.map_or(until, |u| u.max(until)));
+        }
+    }
+
+    /// For the admin API.
+    pub fn snapshot(&self, now: Instant) -> HealthSnapshot {
+        let Ok(s) = self.state.lock() else { return HealthSnapshot { state: "ok", for_ms: 0, streak: 0 } };
+        let left = |t: Instant| t.saturating_duration_since(now).as_millis() as u64;
+        let (state, for_ms) = match s.breaker {
+            Breaker::Open { until, .. } => ("open", left(until)),
+            Breaker::HalfOpen { .. } => ("half_open", 0),
+            Breaker::Closed => match s.cooldown_until {
+                Some(u) if u > now => ("cooling_down", left(u)),
+                _ => ("ok", 0),
+            },
+        };
+        HealthSnapshot { state, for_ms, streak: s.streak }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> BreakerConfig {
+        BreakerConfig { failures: 3, cooldown: Duration::from_secs(10), max_cooldown: Duration::from_secs(25) }
+    }
+
+    #[test]
+    fn cooldown_only_extends() {
+        let h = Health::new(cfg());
+        let t0 = Instant::now();
+        h.on_failure(Class::Capacity, Some(Duration::from_secs(30)), t0);
+        h.on_failure(Class::Capacity, Some(Duration::from_secs(5)), t0);
+        assert_eq!(h.check(t0 + Duration::from_secs(10)), Availability::Cooling(t0 + Duration::from_secs(30)));
+        assert_eq!(h.check(t0 + Duration::from_secs(31)), Availability::Ready);
+        assert_eq!(h.snapshot(t0).state, "cooling_down");
+    }
+
+    #[test]
+    fn breaker_opens_probes_once_and_heals() {
+        let h = Health::new(cfg());
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            h.on_failure(Class::Auth, None, t0);
+        }
+        assert_eq!(h.check(t0), Availability::Open(t0 + Duration::from_secs(10)));
+        let t1 = t0 + Duration::from_secs(10);
+        assert_eq!(h.check(t1), Availability::Probe);
+        assert!(matches!(h.check(t1), Availability::Open(_)), "exactly one probe");
+        // The probe fails: open again, twice as long.
+        h.on_failure(Class::Auth, None, t1);
+        assert_eq!(h.check(t1), Availability::Open(t1 + Duration::from_secs(20)));
+        let t2 = t1 + Duration::from_secs(20);
+        assert_eq!(h.check(t2), Availability::Probe);
+        h.on_failure(Class::Transient, None, t2);
+        // Capped at max_cooldown: never open forever.
+        assert_eq!(h.check(t2), Availability::Open(t2 + Duration::from_secs(25)));
+        let t3 = t2 + Duration::from_secs(25);
+        assert_eq!(h.check(t3), Availability::Probe);
+        h.on_success();
+        assert_eq!(h.check(t3), Availability::Ready);
+        assert_eq!(h.snapshot(t3).state, "ok");
+    }
+
+    #[test]
+    fn request_errors_and_capacity_do_not_open_the_breaker() {
+        let h = Health::new(cfg());
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            h.on_failure(Class::Request, None, t0);
+            h.on_failure(Class::Capacity, None, t0);
+        }
+        assert_eq!(h.check(t0 + Duration::from_secs(2)), Availability::Ready);
+    }
+}

@@ -1,0 +1,157 @@
+//! Which target an attempt goes to.
+//!
+//! An alias lists equivalent targets. `failover` tries them in order,
+//! `balance` the least loaded first (in-flight relative to weight × limit).
+//! Either way a target that is ready beats one cooling down after a
+//! capacity error, and a target whose breaker is open is skipped until its
+//! probe is due. Targets that refused this request for auth, entitlement or
+//! a missing model are left out for the rest of it.
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::Job;
+use crate::classify::Class;
+use crate::config::{ModelRoute, Strategy};
+use crate::health::Availability;
+use crate::protocol;
+use crate::server::Gateway;
+
+/// What was tried on one target, for the final message.
+#[derive(Debug, Clone)]
+pub struct Tried {
+    /// Upstream index.
+    pub upstream: usize,
+    /// Attempts made on it.
+    pub attempts: u32,
+    /// Class of its last failure.
+    pub class: Class,
+    /// Its last answer, in one line.
+    pub last: String,
+}
+
+/// Where the next attempt goes.
+pub enum Pick {
+    /// This target index.
+    Use(usize),
+    /// Every target left has an open breaker: the first probe is due then.
+    WaitUntil(Instant),
+    /// No target left.
+    NoneLeft,
+}
+
+/// Per-request view of an alias's targets.
+pub struct Targets<'a> {
+    gw: &'a Gateway,
+    route: &'a ModelRoute,
+    excluded: Vec<bool>,
+    bodies: Vec<Option<Bytes>>,
+    used: Vec<bool>,
+    /// What each failed target said, in order of first failure.
+    pub tried: Vec<Tried>,
+}
+
+impl<'a> Targets<'a> {
+    /// All of the route's targets, none tried yet.
+    pub fn new(gw: &'a Gateway, route: &'a ModelRoute) -> Self {
+        let n = route.targets.len();
+        Self { gw, route, excluded: vec![false; n], bodies: vec![None; n], used: vec![false; n], tried: Vec::new() }
+    }
+
+    fn order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.route.targets.len()).filter(|i| !self.excluded[*i]).collect();
+        if self.route.strategy == Strategy::Balance {
+            let load = |i: usize| {
+                let t = &self.route.targets[i];
+                self.gw.upstreams.get(t.upstream).map_or(f64::MAX, |u| {
+                    let capacity = f64::from(t.weight) * f64::from(u.limiter.effective_limit());
+                    f64::from(u.limiter.in_flight()) / capacity
+                })
+            };
+            order.sort_by(|a, b| load(*a).total_cmp(&load(*b)));
+        }
+        order
+    }
+
+    fn availability(&self, i: usize, now: Instant, claim: bool) -> Availability {
+        let Some(u) = self.gw.upstreams.get(self.route.targets[i].upstream) else { return Availability::Open(now) };
+        if claim { u.health.check(now) } else { u.health.peek(now) }
+    }
+
+    /// Chooses the target for the next attempt (claiming a half-open probe
+    /// if that is what it picks).
+    pub fn pick(&self, now: Instant) -> Pick {
+        let order = self.order();
+        if order.is_empty() {
+            return Pick::NoneLeft;
+        }
+        let mut cooling: Option<(Instant, usize)> = None;
+        let mut open: Option<Instant> = None;
+        for &i in &order {
+            match self.availability(i, now, false) {
+                Availability::Ready | Availability::Probe => {
+                    // Claim for real (a probe is given to one request only).
+                    match self.availability(i, now, true) {
+                        Availability::Ready | Availability::Probe => return Pick::Use(i),
+                        Availability::Cooling(until) => {
+                            cooling = cooling.filter(|(u, _)| *u <= until).or(Some((until, i)))
+                        }
+                        Availability::Open(until) => open = Some(open.map_or(until, |o| o.min(until))),
+                    }
+                }
+                Availability::Cooling(until) => cooling = cooling.filter(|(u, _)| *u <= until).or(Some((until, i))),
+                Availability::Open(until) => open = Some(open.map_or(until, |o| o.min(until))),
+            }
+        }
+        // Busy everywhere: the one that frees first (the retry wait
+        // already paced this attempt).
+        if let Some((_, i)) = cooling {
+            return Pick::Use(i);
+        }
+        open.map_or(Pick::NoneLeft, Pick::WaitUntil)
+    }
+
+    /// Another target than `current` could take an attempt right now.
+    pub fn other_ready(&self, current: usize, now: Instant) -> bool {
+        self.order().into_iter().any(|i| {
+            i != current && matches!(self.availability(i, now, false), Availability::Ready | Availability::Probe)
+        })
+    }
+
+    /// Another target than `current` is still allowed for this request.
+    pub fn other_left(&self, current: usize) -> bool {
+        (0..self.excluded.len()).any(|i| i != current && !self.excluded[i])
+    }
+
+    /// Leaves a target out for the rest of this request.
+    pub fn exclude(&mut self, i: usize) {
+        if let Some(e) = self.excluded.get_mut(i) {
+            *e = true;
+        }
+    }
+
+    /// The body for target `i`: the client's bytes with its model (built
+    /// once per target, so every attempt on it sends the same bytes).
+    pub fn body(&mut self, i: usize, job: &Job) -> Bytes {
+        let target = &self.route.targets[i];
+        self.bodies[i].get_or_insert_with(|| protocol::body_for_target(&job.body, &job.head, &target.model)).clone()
+    }
+
+    /// Marks the first use of a target (the retry budget counts requests).
+    pub fn first_use(&mut self, i: usize) -> bool {
+        !std::mem::replace(&mut self.used[i], true)
+    }
+
+    /// Records a failed attempt on target `i`.
+    pub fn failed(&mut self, i: usize, class: Class, last: &str) {
+        let upstream = self.route.targets[i].upstream;
+        match self.tried.iter_mut().find(|t| t.upstream == upstream) {
+            Some(t) => {
+                t.attempts += 1;
+                t.class = class;
+                t.last = last.to_owned();
+            }
+            None => self.tried.push(Tried { upstream, attempts: 1, class, last: last.to_owned() }),
+        }
+    }
+}
