@@ -42,6 +42,8 @@ pub struct Config {
     pub max_body: usize,
     /// Accepted client keys; empty disables client auth (loopback only).
     pub client_keys: Vec<ClientKey>,
+    /// Key for `/admin`; `None` disables it.
+    pub admin_key: Option<Secret>,
     /// Upstreams, in config order; targets refer to them by index.
     pub upstreams: Vec<UpstreamConfig>,
     /// Model aliases in config order.

@@ -23,6 +23,9 @@ pub struct RawConfig {
     /// Request-wide defaults: deadline and retry policy.
     #[serde(default)]
     pub defaults: RawDefaults,
+    /// Key for the `/admin` endpoints; without it they answer 401.
+    #[serde(default)]
+    pub admin_key: Option<String>,
     /// Keys clients must present; empty means no client auth (loopback only).
     #[serde(default)]
     pub client_keys: Vec<RawClientKey>,

@@ -122,6 +122,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         listen,
         workers: raw.workers,
         max_body,
+        admin_key: raw.admin_key.as_deref().filter(|k| !k.is_empty()).map(Secret::new),
         client_keys,
         upstreams,
         models,

@@ -4,6 +4,7 @@
 //! to [`crate::relay`]; everything they answer by themselves goes through
 //! [`crate::error::GatewayError`].
 
+mod admin;
 mod auth;
 mod handlers;
 pub mod listen;
@@ -46,6 +47,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/messages", post(handlers::messages))
         .route("/v1/models", get(handlers::models))
         .route("/healthz", get(handlers::healthz))
+        .route("/admin/upstreams", get(admin::upstreams))
         .fallback(handlers::fallback)
         .with_state(gateway)
 }
