@@ -8,7 +8,9 @@
 //!        ──► protocol  read `model` + `stream` only; splice a renamed model
 //!        ──► config    alias → ordered equivalent targets (ModelRoute)
 //!        ──► relay     the attempt loop: pick target, send, decide
+//!        ──► health    cooldowns and circuit breakers (which target)
 //!        ──► limits    per-upstream queue, concurrency slots, rate buckets
+//!        ──► classify  what an answer means; retry: what to do about it
 //!        ──► upstream  per-provider client: auth, headers, pooling, timeouts
 //!        ──► stream    body relayed chunk by chunk, idle timeout, owns the
 //!                      upstream connection until the last byte
