@@ -303,6 +303,10 @@ fn models(
             problems.push(format!("models.{alias}.targets: at least one target is required"));
             continue;
         }
+        if model.targets.len() > 64 {
+            problems.push(format!("models.{alias}.targets: at most 64 targets"));
+            continue;
+        }
         let mut targets = Vec::new();
         let mut protocol: Option<Protocol> = None;
         for (j, t) in model.targets.iter().enumerate() {

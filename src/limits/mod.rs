@@ -49,8 +49,8 @@ impl Default for LimitConfig {
         Self {
             max_concurrent: None,
             adaptive: true,
-            adaptive_max: 256,
-            max_queue: 1024,
+            adaptive_max: 4096,
+            max_queue: 4096,
             slot_release_delay: Duration::ZERO,
             rpm: None,
             tpm: None,
@@ -446,7 +446,7 @@ mod tests {
     #[tokio::test]
     async fn adaptive_limit_decreases_then_grows_back() {
         let l = Limiter::new(LimitConfig::default());
-        assert_eq!(l.effective_limit(), 256);
+        assert_eq!(l.effective_limit(), 4096);
         l.on_concurrency_error(8);
         assert_eq!(l.effective_limit(), 6);
         l.on_concurrency_error(1);

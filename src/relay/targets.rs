@@ -44,9 +44,10 @@ pub enum Pick {
 pub struct Targets<'a> {
     gw: &'a Gateway,
     route: &'a ModelRoute,
-    excluded: Vec<bool>,
-    bodies: Vec<Option<Bytes>>,
-    used: Vec<bool>,
+    /// Bit i: target i is left out (config allows at most 64 targets).
+    excluded: u64,
+    /// Bit i: target i was used.
+    used: u64,
     /// What each failed target said, in order of first failure.
     pub tried: Vec<Tried>,
 }
@@ -54,12 +55,15 @@ pub struct Targets<'a> {
 impl<'a> Targets<'a> {
     /// All of the route's targets, none tried yet.
     pub fn new(gw: &'a Gateway, route: &'a ModelRoute) -> Self {
-        let n = route.targets.len();
-        Self { gw, route, excluded: vec![false; n], bodies: vec![None; n], used: vec![false; n], tried: Vec::new() }
+        Self { gw, route, excluded: 0, used: 0, tried: Vec::new() }
+    }
+
+    fn is_excluded(&self, i: usize) -> bool {
+        self.excluded & (1 << i) != 0
     }
 
     fn order(&self) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.route.targets.len()).filter(|i| !self.excluded[*i]).collect();
+        let mut order: Vec<usize> = (0..self.route.targets.len()).filter(|i| !self.is_excluded(*i)).collect();
         if self.route.strategy == Strategy::Balance {
             let load = |i: usize| {
                 let t = &self.route.targets[i];
@@ -81,6 +85,14 @@ impl<'a> Targets<'a> {
     /// Chooses the target for the next attempt (claiming a half-open probe
     /// if that is what it picks).
     pub fn pick(&self, now: Instant) -> Pick {
+        // The common case, one target: no ordering to compute.
+        if self.route.targets.len() == 1 {
+            return match (self.is_excluded(0), self.availability(0, now, true)) {
+                (true, _) => Pick::NoneLeft,
+                (false, Availability::Open(until)) => Pick::WaitUntil(until),
+                (false, Availability::Ready | Availability::Probe | Availability::Cooling(_)) => Pick::Use(0),
+            };
+        }
         let order = self.order();
         if order.is_empty() {
             return Pick::NoneLeft;
@@ -120,26 +132,25 @@ impl<'a> Targets<'a> {
 
     /// Another target than `current` is still allowed for this request.
     pub fn other_left(&self, current: usize) -> bool {
-        (0..self.excluded.len()).any(|i| i != current && !self.excluded[i])
+        (0..self.route.targets.len()).any(|i| i != current && !self.is_excluded(i))
     }
 
     /// Leaves a target out for the rest of this request.
     pub fn exclude(&mut self, i: usize) {
-        if let Some(e) = self.excluded.get_mut(i) {
-            *e = true;
-        }
+        self.excluded |= 1 << i;
     }
 
-    /// The body for target `i`: the client's bytes with its model (built
-    /// once per target, so every attempt on it sends the same bytes).
-    pub fn body(&mut self, i: usize, job: &Job) -> Bytes {
-        let target = &self.route.targets[i];
-        self.bodies[i].get_or_insert_with(|| protocol::body_for_target(&job.body, &job.head, &target.model)).clone()
+    /// The body for target `i`: the client's bytes with its model (the
+    /// same bytes on every attempt; no copy when the name is unchanged).
+    pub fn body(&self, i: usize, job: &Job) -> Bytes {
+        protocol::body_for_target(&job.body, &job.head, &self.route.targets[i].model)
     }
 
     /// Marks the first use of a target (the retry budget counts requests).
     pub fn first_use(&mut self, i: usize) -> bool {
-        !std::mem::replace(&mut self.used[i], true)
+        let first = self.used & (1 << i) == 0;
+        self.used |= 1 << i;
+        first
     }
 
     /// Records a failed attempt on target `i`.
