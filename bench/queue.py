@@ -16,18 +16,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from run import BIN, TMP, start, wait_port, write  # noqa: E402
+from run import BIN, start, status_kib, wait_port, write  # noqa: E402
 
 SIM, GW = 19010, 19012
 N = int(os.environ.get("N", 10_000))
 
 
 def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    return status_kib(pid, "VmRSS")
 
 
 def cpu_seconds(pid):

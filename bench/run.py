@@ -54,12 +54,17 @@ def write(name, text):
     return path
 
 
-def rss_peak_kib(pid):
+def status_kib(pid, field):
+    """A memory figure from /proc/PID/status (VmHWM: peak, VmRSS: now)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def rss_peak_kib(pid):
+    return status_kib(pid, "VmHWM")
 
 
 def nginx_worker_pid(master):
