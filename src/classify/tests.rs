@@ -1,3 +1,4 @@
+// Compiled only under #[cfg(test)] (declared in mod.rs).
 //! Classification table: the real bodies from the seed incidents.
 
 use super::*;

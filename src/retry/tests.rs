@@ -1,3 +1,4 @@
+// Compiled only under #[cfg(test)] (declared in mod.rs).
 //! Decision tables, including every case seed 003 pins.
 
 use std::time::Duration;
