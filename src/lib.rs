@@ -24,6 +24,7 @@ pub mod classify;
 pub mod config;
 pub mod error;
 pub mod health;
+pub mod journal;
 pub mod limits;
 pub mod logging;
 pub mod protocol;

@@ -36,6 +36,24 @@ enum Command {
         #[arg(long, short, default_value = "tidegate.yaml")]
         config: PathBuf,
     },
+    /// Print recent requests from the journal as a table.
+    Log {
+        /// Config file (for the journal path).
+        #[arg(long, short, default_value = "tidegate.yaml")]
+        config: PathBuf,
+        /// Journal file, instead of the one the config names.
+        #[arg(long)]
+        journal: Option<PathBuf>,
+        /// Only this outcome (completed, incomplete, failed, cancelled, rejected).
+        #[arg(long)]
+        outcome: Option<String>,
+        /// Only this far back (e.g. 1h, 30m) or since an RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        /// At most this many rows, newest first.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
     /// Run the upstream simulator (OpenAI at /v1, Anthropic at /).
     Simulate {
         /// Address to listen on.
@@ -55,6 +73,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config, workers, listen } => serve(&config, workers, listen),
         Command::Check { config } => return check(&config),
+        Command::Log { config, journal, outcome, since, limit } => log(&config, journal, outcome, since, limit),
         Command::Simulate { listen, config, workers } => simulate(listen, config.as_deref(), workers),
     };
     match result {
@@ -90,6 +109,57 @@ fn check(path: &Path) -> ExitCode {
 /// One worker means a current-thread runtime: no work-stealing machinery
 /// for a proxy pinned to one core. Otherwise a multi-thread runtime with
 /// `workers` threads (0 = one per CPU).
+fn log(
+    config: &Path,
+    journal: Option<PathBuf>,
+    outcome: Option<String>,
+    since: Option<String>,
+    limit: u32,
+) -> anyhow::Result<()> {
+    let path = match journal {
+        Some(path) => path,
+        None => Config::load(config)
+            .map_err(|e| anyhow::anyhow!("{}: {e} (or pass --journal FILE)", config.display()))?
+            .journal
+            .ok_or_else(|| anyhow::anyhow!("the journal is off in {}", config.display()))?,
+    };
+    if !path.exists() {
+        anyhow::bail!("no journal at {} yet: start tidegate and send a request first", path.display());
+    }
+    let since_ms = match since.as_deref() {
+        None => None,
+        Some(text) => Some(
+            tidegate::server::admin::parse_since(text)
+                .ok_or_else(|| anyhow::anyhow!("--since {text:?}: use a duration like 1h or an RFC 3339 time"))?,
+        ),
+    };
+    let query = tidegate::journal::Query { outcome, model: None, since_ms, limit };
+    let rows = tidegate::journal::list(&path, &query).with_context(|| format!("cannot read {}", path.display()))?;
+    println!(
+        "{:<20} {:<10} {:>6} {:<18} {:<10} {:>8} {:>9}  {:<16} error / partial",
+        "time (UTC)", "outcome", "status", "model", "client", "attempts", "total ms", "upstreams"
+    );
+    for r in &rows {
+        let time = jiff::Timestamp::from_millisecond(r.ts_ms).map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string());
+        let mut note =
+            r.partial.as_ref().map(|p| format!("partial: {} chars · ", p.chars().count())).unwrap_or_default();
+        note.extend(r.error.iter().flat_map(|e| e.chars().take(80)));
+        println!(
+            "{:<20} {:<10} {:>6} {:<18} {:<10} {:>8} {:>9.1}  {:<16} {note}",
+            time.unwrap_or_default(),
+            r.outcome,
+            r.status,
+            r.model.as_deref().unwrap_or("-"),
+            r.client.as_deref().unwrap_or("-"),
+            r.n_attempts,
+            r.total_ms,
+            r.targets,
+        );
+    }
+    eprintln!("{} request(s) from {}", rows.len(), path.display());
+    Ok(())
+}
+
 fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     let mut builder = if workers == 1 {
         tokio::runtime::Builder::new_current_thread()

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use std::sync::Arc;
+
 use crate::classify::Class;
+use crate::journal::{AttemptRow, Journal, Row};
 use crate::relay::AttemptLog;
 use crate::stream::sse::Usage;
 
@@ -75,7 +78,21 @@ pub struct Report {
     pub usage: Usage,
     /// Text already delivered when a stream broke.
     pub partial: Option<String>,
+    /// Where the record goes besides the log line.
+    pub sink: Option<Sink>,
+    arrived_ms: i64,
     finished: bool,
+}
+
+/// The journal and what it needs to turn a report into rows.
+#[derive(Debug, Clone)]
+pub struct Sink {
+    /// The journal.
+    pub journal: Journal,
+    /// Upstream names by index.
+    pub names: Arc<[String]>,
+    /// Keep partial stream text.
+    pub keep_partial: bool,
 }
 
 impl Report {
@@ -96,7 +113,52 @@ impl Report {
             queue_wait: Duration::ZERO,
             usage: Usage::default(),
             partial: None,
+            sink: None,
+            arrived_ms: jiff::Timestamp::now().as_millisecond(),
             finished: false,
+        }
+    }
+
+    fn row(&self, outcome: Outcome, sink: &Sink) -> Row {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let name = |i: usize| sink.names.get(i).cloned().unwrap_or_default();
+        let mut targets: Vec<String> = Vec::new();
+        for a in &self.attempts {
+            let n = name(a.upstream);
+            if !targets.contains(&n) {
+                targets.push(n);
+            }
+        }
+        Row {
+            id: self.id.to_string(),
+            ts_ms: self.arrived_ms,
+            client: self.client.clone(),
+            model: self.model.clone(),
+            stream: self.stream,
+            outcome: outcome.as_str().to_owned(),
+            status: self.status,
+            class: self.class.map(|c| c.as_str().to_owned()),
+            error: self.error.clone(),
+            targets: targets.join(","),
+            queue_ms: ms(self.queue_wait),
+            ttfb_ms: self.ttfb.map(ms),
+            total_ms: ms(self.started.elapsed()),
+            tokens_in: self.usage.input,
+            tokens_out: self.usage.output,
+            partial: if sink.keep_partial { self.partial.clone() } else { None },
+            n_attempts: self.attempts.len() as u32,
+            attempts: self
+                .attempts
+                .iter()
+                .map(|a| AttemptRow {
+                    upstream: name(a.upstream),
+                    status: a.status,
+                    class: a.class.map(|c| c.as_str().to_owned()),
+                    summary: a.summary.clone(),
+                    verdict: a.verdict.to_owned(),
+                    wait_ms: a.wait.map(ms),
+                })
+                .collect(),
         }
     }
 
@@ -110,6 +172,9 @@ impl Report {
             return;
         }
         self.finished = true;
+        if let Some(sink) = &self.sink {
+            sink.journal.record(self.row(outcome, sink));
+        }
         if !tracing::enabled!(tracing::Level::INFO) {
             return;
         }

@@ -19,6 +19,7 @@ use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
 use crate::health::BreakerConfig;
+use crate::journal::Retention;
 use crate::limits::LimitConfig;
 use crate::protocol::Protocol;
 use crate::retry::{Policy, Rules};
@@ -44,6 +45,12 @@ pub struct Config {
     pub client_keys: Vec<ClientKey>,
     /// Key for `/admin`; `None` disables it.
     pub admin_key: Option<Secret>,
+    /// Journal file; `None` when journaling is off.
+    pub journal: Option<PathBuf>,
+    /// Journal retention.
+    pub retention: Retention,
+    /// Keep partial stream text in the journal.
+    pub keep_partial: bool,
     /// Upstreams, in config order; targets refer to them by index.
     pub upstreams: Vec<UpstreamConfig>,
     /// Model aliases in config order.

@@ -23,6 +23,18 @@ pub struct RawConfig {
     /// Request-wide defaults: deadline and retry policy.
     #[serde(default)]
     pub defaults: RawDefaults,
+    /// Journal file (SQLite); `off` disables journaling.
+    #[serde(default)]
+    pub journal: Option<String>,
+    /// Journal rows older than this are deleted.
+    #[serde(default)]
+    pub journal_max_age: Option<String>,
+    /// At most this many requests are kept in the journal.
+    #[serde(default)]
+    pub journal_max_rows: Option<u64>,
+    /// Keep the text of streams cut mid-way in the journal.
+    #[serde(default)]
+    pub keep_partial: Option<bool>,
     /// Key for the `/admin` endpoints; without it they answer 401.
     #[serde(default)]
     pub admin_key: Option<String>,

@@ -10,6 +10,7 @@ use indexmap::IndexMap;
 use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
 use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Strategy, Target, UpstreamConfig};
 use crate::health::BreakerConfig;
+use crate::journal::Retention;
 use crate::limits::LimitConfig;
 use crate::protocol::Protocol;
 use crate::retry::{Policy, Rule, Rules};
@@ -80,6 +81,10 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         }
     }
 
+    let retention = Retention {
+        max_age: duration("journal_max_age", &raw.journal_max_age, Duration::from_secs(30 * 24 * 3600), problems),
+        max_rows: raw.journal_max_rows.unwrap_or(1_000_000),
+    };
     let d = &raw.defaults;
     let deadline = duration("defaults.deadline", &d.deadline, DEFAULT_DEADLINE, problems);
     let fallback = Policy::default();
@@ -123,6 +128,13 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         workers: raw.workers,
         max_body,
         admin_key: raw.admin_key.as_deref().filter(|k| !k.is_empty()).map(Secret::new),
+        journal: match raw.journal.as_deref() {
+            Some("off") | Some("") => None,
+            Some(path) => Some(path.into()),
+            None => Some("tidegate.db".into()),
+        },
+        retention,
+        keep_partial: raw.keep_partial.unwrap_or(true),
         client_keys,
         upstreams,
         models,

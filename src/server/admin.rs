@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, header};
 use serde_json::json;
@@ -12,6 +14,7 @@ use super::Gateway;
 use super::auth::authenticate;
 use crate::config::ClientKey;
 use crate::error::GatewayError;
+use crate::journal;
 use crate::protocol::Protocol;
 
 /// Admin requests need the configured `admin_key` (as a bearer token or
@@ -20,6 +23,76 @@ fn authorized(gw: &Gateway, headers: &HeaderMap) -> bool {
     let Some(key) = &gw.config.admin_key else { return false };
     let keys = [ClientKey { name: "admin".into(), key: key.clone() }];
     matches!(authenticate(&keys, headers), Ok(Some(_)))
+}
+
+/// `GET /admin/requests?outcome=&model=&since=&limit=`: recent requests,
+/// newest first. `since` is a duration back from now (`1h`) or an RFC 3339
+/// instant.
+pub async fn requests(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    if !authorized(&gw, &headers) {
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
+    }
+    let Some(journal) = gw.journal.as_ref().map(|j| j.path().to_path_buf()) else {
+        return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAi);
+    };
+    let since_ms = match params.get("since").map(|s| parse_since(s)) {
+        None => None,
+        Some(Some(ms)) => Some(ms),
+        Some(None) => {
+            return GatewayError::BadRequest("since: not a duration (1h) or an RFC 3339 time".into())
+                .into_response(Protocol::OpenAi);
+        }
+    };
+    let query = journal::Query {
+        outcome: params.get("outcome").cloned(),
+        model: params.get("model").cloned(),
+        since_ms,
+        limit: params.get("limit").and_then(|l| l.parse().ok()).unwrap_or(50).min(1000),
+    };
+    let found = tokio::task::spawn_blocking(move || journal::list(&journal, &query)).await;
+    match found {
+        Ok(Ok(rows)) => json_response(&json!({ "requests": rows })),
+        Ok(Err(err)) => journal_error(&err.to_string()),
+        Err(err) => journal_error(&err.to_string()),
+    }
+}
+
+/// `GET /admin/requests/{id}`: one request with its attempts and partial text.
+pub async fn request(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if !authorized(&gw, &headers) {
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
+    }
+    let Some(journal) = gw.journal.as_ref().map(|j| j.path().to_path_buf()) else {
+        return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAi);
+    };
+    match tokio::task::spawn_blocking(move || journal::get(&journal, &id)).await {
+        Ok(Ok(Some(row))) => json_response(&json!(row)),
+        Ok(Ok(None)) => GatewayError::NoRoute("no such request in the journal".into()).into_response(Protocol::OpenAi),
+        Ok(Err(err)) => journal_error(&err.to_string()),
+        Err(err) => journal_error(&err.to_string()),
+    }
+}
+
+/// `1h`, `30m` back from now, or an RFC 3339 instant, as unix ms.
+pub fn parse_since(text: &str) -> Option<i64> {
+    if let Ok(d) = humantime::parse_duration(text) {
+        return Some(jiff::Timestamp::now().as_millisecond() - d.as_millis() as i64);
+    }
+    text.parse::<jiff::Timestamp>().ok().map(|t| t.as_millisecond())
+}
+
+fn json_response(v: &serde_json::Value) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+fn journal_error(detail: &str) -> Response {
+    let mut resp = GatewayError::BadRequest(format!("journal unreadable: {detail}")).into_response(Protocol::OpenAi);
+    *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    resp
 }
 
 /// `GET /admin/upstreams`: health, in-flight, queue, effective limit.
@@ -46,5 +119,6 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
             })
         })
         .collect();
-    ([(header::CONTENT_TYPE, "application/json")], json!({ "upstreams": list }).to_string()).into_response()
+    let dropped = gw.journal.as_ref().map_or(0, |j| j.dropped());
+    json_response(&json!({ "upstreams": list, "journal_dropped_rows": dropped }))
 }

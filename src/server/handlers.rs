@@ -17,7 +17,7 @@ use super::auth::authenticate;
 use crate::error::GatewayError;
 use crate::protocol::{self, Protocol};
 use crate::relay::{self, Answer, Job, Relayed};
-use crate::report::{Outcome, Report};
+use crate::report::{Outcome, Report, Sink};
 use crate::stream::waiting::{Progress, RelayFuture, WaitingBody};
 use crate::upstream::HOP_HEADER;
 
@@ -61,6 +61,11 @@ pub async fn fallback(req: Request) -> Response {
 async fn proxy(gw: Arc<Gateway>, protocol: Protocol, req: Request) -> Response {
     let id = uuid::Uuid::now_v7();
     let mut report = Report::new(id, Instant::now());
+    report.sink = gw.journal.as_ref().map(|journal| Sink {
+        journal: journal.clone(),
+        names: gw.names.clone(),
+        keep_partial: gw.config.keep_partial,
+    });
     let (parts, body) = req.into_parts();
     let job = match prepare(&gw, protocol, parts, body, &mut report).await {
         Ok(job) => job,
@@ -107,8 +112,9 @@ fn respond(gw: &Gateway, protocol: Protocol, relayed: Relayed, mut report: Repor
             let outcome = match &other {
                 Answer::Gateway(GatewayError::QueueFull { .. }) => Outcome::Rejected,
                 Answer::Gateway(_) => Outcome::Failed,
-                Answer::Verbatim { class, .. } if class.retryable() => Outcome::Failed,
-                Answer::Verbatim { .. } | Answer::Stream(..) => Outcome::Completed,
+                // The upstream's own error, passed on: the request failed.
+                Answer::Verbatim { .. } => Outcome::Failed,
+                Answer::Stream(..) => Outcome::Completed,
             };
             if let Answer::Gateway(error) = &other {
                 report.error = Some(error.to_string());

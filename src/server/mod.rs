@@ -4,7 +4,7 @@
 //! to [`crate::relay`]; everything they answer by themselves goes through
 //! [`crate::error::GatewayError`].
 
-mod admin;
+pub mod admin;
 mod auth;
 mod handlers;
 pub mod listen;
@@ -17,6 +17,7 @@ use axum::routing::{get, post};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use crate::journal::Journal;
 use crate::retry::RetryBudget;
 use crate::upstream::{BuildError, Upstream};
 
@@ -26,6 +27,10 @@ pub struct Gateway {
     pub config: Config,
     /// One client per upstream, same order as `config.upstreams`.
     pub upstreams: Vec<Upstream>,
+    /// Where finished requests are recorded.
+    pub journal: Option<Journal>,
+    /// Upstream names by index (for records).
+    pub names: Arc<[String]>,
 }
 
 impl Gateway {
@@ -36,7 +41,9 @@ impl Gateway {
             .iter()
             .map(|u| Upstream::new(u.clone(), RetryBudget::new(config.budget_ratio, config.budget_min_per_second)))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { config, upstreams })
+        let journal = config.journal.as_deref().map(|path| Journal::start(path, config.retention.clone()));
+        let names = upstreams.iter().map(|u| u.config.name.clone()).collect();
+        Ok(Self { config, upstreams, journal, names })
     }
 }
 
@@ -48,6 +55,8 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/models", get(handlers::models))
         .route("/healthz", get(handlers::healthz))
         .route("/admin/upstreams", get(admin::upstreams))
+        .route("/admin/requests", get(admin::requests))
+        .route("/admin/requests/{id}", get(admin::request))
         .fallback(handlers::fallback)
         .with_state(gateway)
 }

@@ -28,6 +28,7 @@ pub fn yaml(sim: &Simulator, top: &str, upstream_extra: &str, models: &str) -> S
     // Fast retries unless the test sets its own defaults.
     let fast = "defaults:\n  retry: { base_delay: 10ms, max_delay: 50ms }";
     let top = if top.contains("defaults:") { top.to_string() } else { format!("{fast}\n{top}") };
+    let top = if top.contains("journal:") { top } else { format!("journal: \"off\"\n{top}") };
     format!(
         "listen: 127.0.0.1:0\n{top}\nupstreams:\n  - name: sim-openai\n    protocol: openai\n    base_url: {}\n    api_key: {UPSTREAM_KEY}\n{upstream_extra}\n  - name: sim-anthropic\n    protocol: anthropic\n    base_url: {}\n    api_key: {UPSTREAM_KEY}\n{upstream_extra}\nmodels:\n  gpt:\n    targets: [{{ upstream: sim-openai, model: real-gpt }}]\n  claude:\n    targets: [{{ upstream: sim-anthropic }}]\n{models}\n",
         sim.openai_url(),

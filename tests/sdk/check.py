@@ -63,6 +63,7 @@ def main():
     with open(config, "w") as f:
         f.write(f"""
 listen: 127.0.0.1:{gw_port}
+journal: {os.path.join(tmp, "journal.db")}
 client_keys: [{{ name: sdk, key: {CLIENT_KEY} }}]
 upstreams:
   - {{ name: sim-openai, protocol: openai, base_url: "http://127.0.0.1:{sim_port}/v1", api_key: up }}

@@ -1,0 +1,353 @@
+//! The journal: one row per request and one per attempt, in SQLite.
+//!
+//! Requests hand their finished [`Row`] to a bounded channel and move on;
+//! a writer thread stores rows in batches (WAL, one transaction a batch), so
+//! journaling adds no latency to a request. A full channel or a failing disk
+//! never fails a request: the row is dropped and counted. Retention by age
+//! and row count runs in the writer. Only client key *names* are stored.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, params};
+use serde::Serialize;
+
+/// Rows waiting to be written before new ones are dropped.
+const CHANNEL: usize = 8192;
+/// Rows per transaction at most.
+const BATCH: usize = 512;
+
+/// One request, as stored.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Row {
+    /// Request id.
+    pub id: String,
+    /// Arrival, unix milliseconds.
+    pub ts_ms: i64,
+    /// Client key name.
+    pub client: Option<String>,
+    /// Model alias.
+    pub model: Option<String>,
+    /// SSE requested.
+    pub stream: bool,
+    /// completed, incomplete, failed, cancelled, rejected.
+    pub outcome: String,
+    /// Status sent to the client.
+    pub status: u16,
+    /// Class of the final failure.
+    pub class: Option<String>,
+    /// What the client was told.
+    pub error: Option<String>,
+    /// Upstreams tried, in order, comma-separated.
+    pub targets: String,
+    /// Queue wait.
+    pub queue_ms: f64,
+    /// Time to first byte.
+    pub ttfb_ms: Option<f64>,
+    /// Total time.
+    pub total_ms: f64,
+    /// Prompt tokens.
+    pub tokens_in: Option<u64>,
+    /// Completion tokens.
+    pub tokens_out: Option<u64>,
+    /// Text delivered before an incomplete stream broke.
+    pub partial: Option<String>,
+    /// Number of attempts.
+    pub n_attempts: u32,
+    /// Attempts, in order (loaded for one request only).
+    pub attempts: Vec<AttemptRow>,
+}
+
+/// One attempt, as stored.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AttemptRow {
+    /// Upstream name.
+    pub upstream: String,
+    /// Its status.
+    pub status: Option<u16>,
+    /// Its class.
+    pub class: Option<String>,
+    /// What the provider said.
+    pub summary: String,
+    /// retry_same, next_target, requeue, resume, give_up, fatal, ok.
+    pub verdict: String,
+    /// Wait before the next attempt.
+    pub wait_ms: Option<f64>,
+}
+
+/// Retention settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Retention {
+    /// Rows older than this are deleted.
+    pub max_age: Duration,
+    /// At most this many request rows are kept.
+    pub max_rows: u64,
+}
+
+/// Where requests send their rows; cheap to clone.
+#[derive(Clone)]
+pub struct Journal {
+    tx: SyncSender<Row>,
+    dropped: Arc<AtomicU64>,
+    path: Arc<PathBuf>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").field("path", &self.path).finish()
+    }
+}
+
+impl Journal {
+    /// Starts the writer for the file at `path`. The file is opened by the
+    /// writer; if it cannot be, rows are counted as dropped and the writer
+    /// tries again a little later.
+    pub fn start(path: &Path, retention: Retention) -> Journal {
+        let (tx, rx) = sync_channel(CHANNEL);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let (file, counter) = (path.to_path_buf(), dropped.clone());
+        let spawned = std::thread::Builder::new()
+            .name("tidegate-journal".into())
+            .spawn(move || writer(&file, &retention, &rx, &counter));
+        if let Err(err) = spawned {
+            tracing::error!(error = %err, "cannot start the journal writer; requests will not be journaled");
+        }
+        Journal { tx, dropped, path: Arc::new(path.to_path_buf()) }
+    }
+
+    /// Hands a row to the writer; never blocks.
+    pub fn record(&self, row: Row) {
+        match self.tx.try_send(row) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Rows dropped so far (channel full, disk failing).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The journal file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+const SCHEMA: &str = "
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = NORMAL;
+PRAGMA foreign_keys = ON;
+CREATE TABLE IF NOT EXISTS requests (
+    id TEXT PRIMARY KEY, ts_ms INTEGER NOT NULL, client TEXT, model TEXT, stream INTEGER NOT NULL,
+    outcome TEXT NOT NULL, status INTEGER NOT NULL, class TEXT, error TEXT, targets TEXT NOT NULL,
+    queue_ms REAL NOT NULL, ttfb_ms REAL, total_ms REAL NOT NULL, tokens_in INTEGER, tokens_out INTEGER,
+    partial TEXT, n_attempts INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts_ms);
+CREATE TABLE IF NOT EXISTS attempts (
+    request_id TEXT NOT NULL REFERENCES requests (id) ON DELETE CASCADE, n INTEGER NOT NULL,
+    upstream TEXT NOT NULL, status INTEGER, class TEXT, summary TEXT NOT NULL, verdict TEXT NOT NULL,
+    wait_ms REAL, PRIMARY KEY (request_id, n));
+";
+
+fn open(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.execute_batch(SCHEMA)?;
+    Ok(conn)
+}
+
+fn writer(path: &Path, retention: &Retention, rx: &Receiver<Row>, dropped: &AtomicU64) {
+    let mut conn: Option<Connection> = None;
+    let mut warned = false;
+    let mut written: u64 = 0;
+    loop {
+        let first = match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(row) => row,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(row) => batch.push(row),
+                Err(_) => break,
+            }
+        }
+        if conn.is_none() {
+            match open(path) {
+                Ok(c) => conn = Some(c),
+                Err(err) => {
+                    if !warned {
+                        tracing::warn!(path = %path.display(), error = %err, "journal unavailable: requests go on, rows are dropped");
+                        warned = true;
+                    }
+                    dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        match insert(c, &batch) {
+            Ok(()) => written += batch.len() as u64,
+            Err(err) => {
+                tracing::warn!(error = %err, rows = batch.len(), "journal write failed: rows dropped");
+                dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                conn = None;
+            }
+        }
+        if written >= 1000 {
+            written = 0;
+            if let Some(c) = conn.as_ref() {
+                if let Err(err) = prune(c, retention) {
+                    tracing::warn!(error = %err, "journal retention failed");
+                }
+            }
+        }
+    }
+}
+
+fn insert(conn: &mut Connection, batch: &[Row]) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    {
+        let mut req = tx.prepare_cached(
+            "INSERT OR REPLACE INTO requests (id, ts_ms, client, model, stream, outcome, status, class, error, targets,
+             queue_ms, ttfb_ms, total_ms, tokens_in, tokens_out, partial, n_attempts)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+        )?;
+        let mut att = tx.prepare_cached(
+            "INSERT OR REPLACE INTO attempts (request_id, n, upstream, status, class, summary, verdict, wait_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?;
+        for r in batch {
+            req.execute(params![
+                r.id,
+                r.ts_ms,
+                r.client,
+                r.model,
+                r.stream,
+                r.outcome,
+                r.status,
+                r.class,
+                r.error,
+                r.targets,
+                r.queue_ms,
+                r.ttfb_ms,
+                r.total_ms,
+                r.tokens_in.map(|n| n as i64),
+                r.tokens_out.map(|n| n as i64),
+                r.partial,
+                r.n_attempts,
+            ])?;
+            for (n, a) in r.attempts.iter().enumerate() {
+                att.execute(params![
+                    r.id,
+                    n as i64 + 1,
+                    a.upstream,
+                    a.status,
+                    a.class,
+                    a.summary,
+                    a.verdict,
+                    a.wait_ms
+                ])?;
+            }
+        }
+    }
+    tx.commit()
+}
+
+fn prune(conn: &Connection, retention: &Retention) -> rusqlite::Result<()> {
+    let now_ms = jiff::Timestamp::now().as_millisecond();
+    let oldest = now_ms - retention.max_age.as_millis() as i64;
+    conn.execute("DELETE FROM requests WHERE ts_ms < ?1", params![oldest])?;
+    conn.execute(
+        "DELETE FROM requests WHERE ts_ms < (SELECT ts_ms FROM requests ORDER BY ts_ms DESC LIMIT 1 OFFSET ?1)",
+        params![retention.max_rows as i64],
+    )?;
+    Ok(())
+}
+
+/// Filters for reading requests back.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// Only this outcome.
+    pub outcome: Option<String>,
+    /// Only this alias.
+    pub model: Option<String>,
+    /// Only requests at or after this unix millisecond.
+    pub since_ms: Option<i64>,
+    /// At most this many, newest first.
+    pub limit: u32,
+}
+
+fn read_only(path: &Path) -> rusqlite::Result<Connection> {
+    Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+}
+
+fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    Ok(Row {
+        id: r.get(0)?,
+        ts_ms: r.get(1)?,
+        client: r.get(2)?,
+        model: r.get(3)?,
+        stream: r.get(4)?,
+        outcome: r.get(5)?,
+        status: r.get(6)?,
+        class: r.get(7)?,
+        error: r.get(8)?,
+        targets: r.get(9)?,
+        queue_ms: r.get(10)?,
+        ttfb_ms: r.get(11)?,
+        total_ms: r.get(12)?,
+        tokens_in: r.get::<_, Option<i64>>(13)?.map(|n| n as u64),
+        tokens_out: r.get::<_, Option<i64>>(14)?.map(|n| n as u64),
+        partial: r.get(15)?,
+        n_attempts: r.get(16)?,
+        attempts: Vec::new(),
+    })
+}
+
+const COLUMNS: &str = "id, ts_ms, client, model, stream, outcome, status, class, error, targets, queue_ms, ttfb_ms, \
+                       total_ms, tokens_in, tokens_out, partial, n_attempts";
+
+/// Requests matching `q`, newest first (attempts not loaded).
+pub fn list(path: &Path, q: &Query) -> rusqlite::Result<Vec<Row>> {
+    let conn = read_only(path)?;
+    let sql = format!(
+        "SELECT {COLUMNS} FROM requests WHERE (?1 IS NULL OR outcome = ?1) AND (?2 IS NULL OR model = ?2)
+         AND (?3 IS NULL OR ts_ms >= ?3) ORDER BY ts_ms DESC, id DESC LIMIT ?4"
+    );
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map(params![q.outcome, q.model, q.since_ms, q.limit], row_from)?;
+    rows.collect()
+}
+
+/// One request with its attempts.
+pub fn get(path: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
+    let conn = read_only(path)?;
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM requests WHERE id = ?1"))?;
+    let mut rows = stmt.query_map(params![id], row_from)?;
+    let Some(row) = rows.next() else { return Ok(None) };
+    let mut row = row?;
+    let mut att = conn.prepare(
+        "SELECT upstream, status, class, summary, verdict, wait_ms FROM attempts WHERE request_id = ?1 ORDER BY n",
+    )?;
+    row.attempts = att
+        .query_map(params![id], |r| {
+            Ok(AttemptRow {
+                upstream: r.get(0)?,
+                status: r.get(1)?,
+                class: r.get(2)?,
+                summary: r.get(3)?,
+                verdict: r.get(4)?,
+                wait_ms: r.get(5)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(Some(row))
+}

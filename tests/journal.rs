@@ -1,0 +1,192 @@
+//! The journal records every request truthfully, keeps partial output, and
+//! never holds a key; the admin API and `tidegate log` read it back.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::Value;
+use tidegate::simulate::{Behavior, Fault};
+use tokio::io::AsyncWriteExt;
+
+const CLIENT_KEY: &str = "ck-journal-secret-42";
+
+async fn admin_get(gw: &tidegate::server::Running, path: &str) -> Value {
+    let resp = client().get(url(gw, path)).bearer_auth("adm").send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.json().await.unwrap()
+}
+
+async fn rows(gw: &tidegate::server::Running, want: usize) -> Vec<Value> {
+    for _ in 0..200 {
+        let v = admin_get(gw, "/admin/requests?limit=100").await;
+        let list = v["requests"].as_array().unwrap().clone();
+        if list.len() >= want {
+            return list;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("journal never reached {want} rows");
+}
+
+fn find<'a>(rows: &'a [Value], model: &str) -> &'a Value {
+    rows.iter().find(|r| r["model"] == model).unwrap_or_else(|| panic!("no row for {model}: {rows:?}"))
+}
+
+#[tokio::test]
+async fn every_outcome_is_recorded_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.db");
+    let sim = sim(&[
+        (
+            "retried",
+            Behavior {
+                script: vec![Fault::new(
+                    429,
+                    r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#,
+                )],
+                ..Default::default()
+            },
+        ),
+        ("dropped", Behavior { chunks: 8, script: vec![Fault::drop_after(4)], ..Default::default() }),
+        ("slow", Behavior { latency_ms: 5000, ..Default::default() }),
+        (
+            "busy",
+            Behavior {
+                status: Some(503),
+                error_body: r#"{"error":{"message":"overloaded"}}"#.into(),
+                ..Default::default()
+            },
+        ),
+        ("hold", Behavior { latency_ms: 800, ..Default::default() }),
+    ]);
+    let models = "  retried: { targets: [{ upstream: sim-openai }] }\n  dropped: { targets: [{ upstream: sim-openai }] }\n  slow: { targets: [{ upstream: sim-openai }] }\n  busy: { targets: [{ upstream: sim-openai }], deadline: 1s }\n  hold: { targets: [{ upstream: q }] }\n  queued: { targets: [{ upstream: q, model: hold }] }";
+    let top = format!("journal: {}\nadmin_key: adm\nclient_keys: [{{ name: alice, key: {CLIENT_KEY} }}]", db.display());
+    let text = yaml(&sim, &top, "", models).replace(
+        "models:\n",
+        &format!(
+            "  - {{ name: q, protocol: openai, base_url: \"{}\", max_concurrent: 1, max_queue: 0 }}\nmodels:\n",
+            sim.openai_url()
+        ),
+    );
+    let gw = gateway(&text).await;
+    let post = |model: &str, stream: bool| {
+        client()
+            .post(url(&gw, "/v1/chat/completions"))
+            .bearer_auth(CLIENT_KEY)
+            .body(format!(r#"{{"model":"{model}","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#))
+            .send()
+    };
+    // completed after a retry
+    assert_eq!(post("retried", false).await.unwrap().status(), 200);
+    // incomplete: stream cut after content
+    let streamed = post("dropped", true).await.unwrap().text().await.unwrap();
+    assert!(streamed.contains("broke after"));
+    // failed: exhausted within its 1 s deadline
+    assert_eq!(post("busy", false).await.unwrap().status(), 503);
+    // rejected: bad key
+    let resp = client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .bearer_auth("wrong")
+        .body(r#"{"model":"retried"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    // rejected: queue full (max_queue 0 while "hold" holds the only slot)
+    let holder = tokio::spawn(post("hold", false));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(post("queued", false).await.unwrap().status(), 429);
+    assert_eq!(holder.await.unwrap().unwrap().status(), 200);
+    // cancelled: the client leaves while the upstream works
+    let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let body = r#"{"model":"slow"}"#;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {CLIENT_KEY}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(conn);
+
+    let list = rows(&gw, 7).await;
+    assert_eq!(find(&list, "retried")["outcome"], "completed");
+    assert_eq!(find(&list, "retried")["n_attempts"], 2);
+    assert_eq!(find(&list, "retried")["client"], "alice");
+    let dropped = find(&list, "dropped");
+    assert_eq!(dropped["outcome"], "incomplete");
+    assert_eq!(dropped["partial"], "tok0 tok1 tok2 ");
+    assert_eq!(find(&list, "busy")["outcome"], "failed");
+    assert_eq!(find(&list, "busy")["class"], "capacity");
+    assert_eq!(find(&list, "queued")["outcome"], "rejected");
+    assert_eq!(find(&list, "slow")["outcome"], "cancelled");
+    let auth = list.iter().find(|r| r["status"] == 401).unwrap();
+    assert_eq!(auth["outcome"], "rejected");
+
+    // Detail: attempts with their verdicts.
+    let id = find(&list, "retried")["id"].as_str().unwrap().to_string();
+    let detail = admin_get(&gw, &format!("/admin/requests/{id}")).await;
+    let verdicts: Vec<&str> =
+        detail["attempts"].as_array().unwrap().iter().map(|a| a["verdict"].as_str().unwrap()).collect();
+    assert_eq!(verdicts, ["retry_same", "ok"]);
+    assert_eq!(detail["attempts"][0]["status"], 429);
+    let incomplete = admin_get(&gw, "/admin/requests?outcome=incomplete").await;
+    assert_eq!(incomplete["requests"].as_array().unwrap().len(), 1);
+
+    // Restart: a new gateway on the same file sees the same history.
+    drop(gw);
+    let gw2 = gateway(&text).await;
+    let again = rows(&gw2, 7).await;
+    assert_eq!(find(&again, "dropped")["partial"], "tok0 tok1 tok2 ");
+
+    // No key, client's or upstream's, anywhere in the raw file.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut raw = std::fs::read(&db).unwrap();
+    if let Ok(wal) = std::fs::read(dir.path().join("journal.db-wal")) {
+        raw.extend(wal);
+    }
+    let raw = String::from_utf8_lossy(&raw);
+    assert!(!raw.contains(CLIENT_KEY) && !raw.contains(UPSTREAM_KEY), "a key reached the journal file");
+    assert!(raw.contains("alice"));
+
+    // The CLI reads the same file.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["log", "--journal"])
+        .arg(&db)
+        .args(["--outcome", "incomplete", "--since", "1h"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        table.contains("incomplete") && table.contains("dropped") && table.contains("partial: 15 chars"),
+        "{table}"
+    );
+    assert!(!table.contains("completed"), "{table}");
+}
+
+#[tokio::test]
+async fn a_journal_that_cannot_be_written_never_fails_a_request() {
+    let sim = sim(&[]);
+    let gw = gateway(&yaml(&sim, "journal: /dev/null/not-a-dir/journal.db\nadmin_key: adm", "", "")).await;
+    for _ in 0..5 {
+        assert_serves(&gw).await;
+    }
+    let resp =
+        client().post(url(&gw, "/v1/messages")).body(r#"{"model":"claude","stream":true}"#).send().await.unwrap();
+    let mut s = resp.bytes_stream();
+    while s.next().await.is_some() {}
+    let mut dropped = 0;
+    for _ in 0..100 {
+        let v = admin_get(&gw, "/admin/upstreams").await;
+        dropped = v["journal_dropped_rows"].as_u64().unwrap();
+        if dropped >= 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(dropped, 6, "dropped rows are counted");
+}
