@@ -129,7 +129,7 @@ models:
 """)
     gw_cfg = write("tidegate.yaml", f"""
 listen: 127.0.0.1:{GW}
-journal: {TMP}/journal.db
+journal: "off"
 upstreams:
   - {{ name: sim, protocol: openai, base_url: "http://127.0.0.1:{SIM}/v1" }}
 models:
@@ -160,10 +160,11 @@ http {{
 }}
 """)
     write("baseline.yaml", open(gw_cfg).read().replace(f"listen: 127.0.0.1:{GW}", f"listen: 127.0.0.1:{GW + 1}"))
-    # NOJOURNAL=1 adds this build with `journal: off` as another column.
-    write("nojournal.yaml", open(gw_cfg).read()
+    # JOURNAL=1 adds this build with the journal on as another column (the
+    # main columns run with `journal: off`).
+    write("journal.yaml", open(gw_cfg).read()
           .replace(f"listen: 127.0.0.1:{GW}", f"listen: 127.0.0.1:{GW + 2}")
-          .replace(f"journal: {TMP}/journal.db", "journal: \"off\""))
+          .replace('journal: "off"', f"journal: {TMP}/journal.db"))
     log_env = {"RUST_LOG": os.environ.get("RUST_LOG", "info"), "NO_COLOR": "1"}
     procs = []
     try:
@@ -185,11 +186,11 @@ http {{
                                 "--workers", "1"], 0, log_env, "baseline.log"))
             wait_port(GW + 1)
             targets["baseline"] = GW + 1
-        if os.environ.get("NOJOURNAL"):
-            procs.append(start([BIN, "serve", "--config", gw_cfg.replace("tidegate.yaml", "nojournal.yaml"),
-                                "--workers", "1"], 0, log_env, "nojournal.log"))
+        if os.environ.get("JOURNAL"):
+            procs.append(start([BIN, "serve", "--config", gw_cfg.replace("tidegate.yaml", "journal.yaml"),
+                                "--workers", "1"], 0, log_env, "journal.log"))
             wait_port(GW + 2)
-            targets["nojournal"] = GW + 2
+            targets["journal"] = GW + 2
         results = {name: {} for name in targets}
         ulimit_ok = True
 
@@ -230,7 +231,7 @@ http {{
         results["nginx"]["rss"] = [rss_peak_kib(nginx_worker_pid(nginx.pid)) / 1024]
         results["tidegate"]["rss"] = [rss_peak_kib(gw.pid) / 1024]
         results["direct"]["rss"] = [float("nan")]
-        for extra in ("baseline", "nojournal"):
+        for extra in ("baseline", "journal"):
             if extra in results:
                 results[extra]["rss"] = [float("nan")]
     finally:
@@ -280,10 +281,10 @@ http {{
         print()
         print(f"Baseline binary, same run: throughput {b['rps']:.0f} req/s = {b['rps'] / n['rps']:.2f}× nginx; "
               f"this build {t['rps'] / n['rps']:.2f}× nginx ({100 * (t['rps'] / b['rps'] - 1):+.1f}% vs baseline)")
-    if "nojournal" in m:
-        j = m["nojournal"]
+    if "journal" in m:
+        j = m["journal"]
         print()
-        print(f"Journal on vs off, same run: {t['rps']:.0f} vs {j['rps']:.0f} req/s = {t['rps'] / j['rps']:.3f}")
+        print(f"Journal on vs off, same run: {j['rps']:.0f} vs {t['rps']:.0f} req/s = {j['rps'] / t['rps']:.3f}")
     print()
     for label, ok in verdicts:
         print(f"- [{'x' if ok else ' '}] {label}")

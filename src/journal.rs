@@ -139,20 +139,21 @@ impl Journal {
     }
 }
 
+/// Both tables are keyed by the request id, a UUIDv7 whose text sorts in
+/// time order: one B-tree each, rows appended at its end, and "newest
+/// first" or "older than" are key ranges, so no second index is needed.
 const SCHEMA: &str = "
 PRAGMA journal_mode = WAL;
 PRAGMA synchronous = NORMAL;
-PRAGMA foreign_keys = ON;
 CREATE TABLE IF NOT EXISTS requests (
     id TEXT PRIMARY KEY, ts_ms INTEGER NOT NULL, client TEXT, model TEXT, stream INTEGER NOT NULL,
     outcome TEXT NOT NULL, status INTEGER NOT NULL, class TEXT, error TEXT, targets TEXT NOT NULL,
     queue_ms REAL NOT NULL, ttfb_ms REAL, total_ms REAL NOT NULL, tokens_in INTEGER, tokens_out INTEGER,
-    partial TEXT, n_attempts INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts_ms);
+    partial TEXT, n_attempts INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS attempts (
-    request_id TEXT NOT NULL REFERENCES requests (id) ON DELETE CASCADE, n INTEGER NOT NULL,
+    request_id TEXT NOT NULL, n INTEGER NOT NULL,
     upstream TEXT NOT NULL, status INTEGER, class TEXT, summary TEXT NOT NULL, verdict TEXT NOT NULL,
-    wait_ms REAL, PRIMARY KEY (request_id, n));
+    wait_ms REAL, PRIMARY KEY (request_id, n)) WITHOUT ROWID;
 ";
 
 fn open(path: &Path) -> rusqlite::Result<Connection> {
@@ -201,7 +202,7 @@ fn writer(path: &Path, retention: &Retention, rx: &Receiver<Row>, dropped: &Atom
                 conn = None;
             }
         }
-        if written >= 1000 {
+        if written >= 10_000 {
             written = 0;
             if let Some(c) = conn.as_ref() {
                 if let Err(err) = prune(c, retention) {
@@ -264,11 +265,24 @@ fn insert(conn: &mut Connection, batch: &[Row]) -> rusqlite::Result<()> {
 fn prune(conn: &Connection, retention: &Retention) -> rusqlite::Result<()> {
     let now_ms = jiff::Timestamp::now().as_millisecond();
     let oldest = now_ms - retention.max_age.as_millis() as i64;
-    conn.execute("DELETE FROM requests WHERE ts_ms < ?1", params![oldest])?;
-    conn.execute(
-        "DELETE FROM requests WHERE ts_ms < (SELECT ts_ms FROM requests ORDER BY ts_ms DESC LIMIT 1 OFFSET ?1)",
-        params![retention.max_rows as i64],
-    )?;
+    // The first id to keep: the newest `max_rows`, none older than max_age.
+    let by_count: Option<String> = conn
+        .query_row(
+            "SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1",
+            params![retention.max_rows.saturating_sub(1) as i64],
+            |r| r.get(0),
+        )
+        .ok();
+    let by_age: Option<String> =
+        conn.query_row("SELECT min(id) FROM requests WHERE ts_ms >= ?1", params![oldest], |r| r.get(0)).ok().flatten();
+    let keep_from = match (by_count, by_age) {
+        (Some(a), Some(b)) => a.max(b),
+        (Some(a), None) => a,
+        (None, Some(b)) => b,
+        (None, None) => return Ok(()),
+    };
+    conn.execute("DELETE FROM attempts WHERE request_id < ?1", params![keep_from])?;
+    conn.execute("DELETE FROM requests WHERE id < ?1", params![keep_from])?;
     Ok(())
 }
 
@@ -320,7 +334,7 @@ pub fn list(path: &Path, q: &Query) -> rusqlite::Result<Vec<Row>> {
     let conn = read_only(path)?;
     let sql = format!(
         "SELECT {COLUMNS} FROM requests WHERE (?1 IS NULL OR outcome = ?1) AND (?2 IS NULL OR model = ?2)
-         AND (?3 IS NULL OR ts_ms >= ?3) ORDER BY ts_ms DESC, id DESC LIMIT ?4"
+         AND (?3 IS NULL OR ts_ms >= ?3) ORDER BY id DESC LIMIT ?4"
     );
     let mut stmt = conn.prepare(&sql)?;
     let rows = stmt.query_map(params![q.outcome, q.model, q.since_ms, q.limit], row_from)?;
@@ -350,4 +364,32 @@ pub fn get(path: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
         })?
         .collect::<rusqlite::Result<_>>()?;
     Ok(Some(row))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: String, ts_ms: i64) -> Row {
+        Row { id, ts_ms, outcome: "completed".into(), status: 200, n_attempts: 1, ..Default::default() }
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_rows_within_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut conn = open(&path).unwrap();
+        let now = jiff::Timestamp::now().as_millisecond();
+        let day = 24 * 3600 * 1000;
+        // ids sort like time, as UUIDv7s do.
+        let rows: Vec<Row> = (0..10).map(|i| row(format!("id-{i:02}"), now - (10 - i) * day)).collect();
+        insert(&mut conn, &rows).unwrap();
+        let count = |c: &Connection| c.query_row("SELECT count(*) FROM requests", [], |r| r.get::<_, i64>(0)).unwrap();
+        prune(&conn, &Retention { max_age: Duration::from_secs(5 * 24 * 3600 + 60), max_rows: 100 }).unwrap();
+        assert_eq!(count(&conn), 5, "older than 5 days are gone");
+        prune(&conn, &Retention { max_age: Duration::from_secs(100 * 24 * 3600), max_rows: 3 }).unwrap();
+        assert_eq!(count(&conn), 3);
+        let newest = list(&path, &Query { limit: 10, ..Default::default() }).unwrap();
+        assert_eq!(newest.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["id-09", "id-08", "id-07"]);
+    }
 }
