@@ -10,13 +10,12 @@ Usage: python3 bench/queue.py   (after bench/run.sh has built the binary)
 """
 
 import os
-import signal
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from run import BIN, start, status_kib, wait_port, write  # noqa: E402
+from run import BIN, start, status_kib, stop, wait_port, write  # noqa: E402
 
 SIM, GW = 19010, 19012
 N = int(os.environ.get("N", 10_000))
@@ -78,13 +77,7 @@ models:
         print(f"| memory per waiting request (connection + queue entry), KiB | {per_request / 1024:.1f} |")
         print(f"| CPU while they wait, % of one core (5 s) | {100 * (cpu1 - cpu0) / 5:.2f} |")
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
 
 if __name__ == "__main__":

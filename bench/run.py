@@ -47,6 +47,17 @@ def start(cmd, cpu, env=None, log="proc.log"):
                             env=dict(os.environ, **(env or {})))
 
 
+def stop(procs):
+    """SIGTERM every process, then kill what has not ended within 5 s."""
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def write(name, text):
     path = os.path.join(TMP, name)
     with open(path, "w") as f:
@@ -235,13 +246,7 @@ http {{
             if extra in results:
                 results[extra]["rss"] = [float("nan")]
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
     m = {name: {k: med(v) for k, v in r.items()} for name, r in results.items()}
     d, n, t = m["direct"], m["nginx"], m["tidegate"]

@@ -116,13 +116,7 @@ async fn deadline_in_the_queue_answers_504_and_takes_no_slot() {
     });
     eventually("first request upstream", || sim.state.received().len() == 1).await;
     let started = Instant::now();
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .header("x-tidegate-deadline", "300ms")
-        .body(r#"{"model":"gpt"}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_with(&gw, "/v1/chat/completions", ("x-tidegate-deadline", "300ms"), r#"{"model":"gpt"}"#).await;
     let took = started.elapsed();
     assert_eq!(resp.status(), 504);
     assert!(took >= Duration::from_millis(280) && took < Duration::from_millis(800), "{took:?}");
@@ -206,13 +200,7 @@ async fn slot_is_released_after_an_error_and_after_a_client_leaves_mid_stream() 
     stream.next().await.unwrap().unwrap();
     drop(stream);
     let started = Instant::now();
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .header("x-tidegate-deadline", "2s")
-        .body(r#"{"model":"gpt"}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_with(&gw, "/v1/chat/completions", ("x-tidegate-deadline", "2s"), r#"{"model":"gpt"}"#).await;
     assert_eq!(resp.status(), 200, "the abandoned stream kept its slot");
     assert!(started.elapsed() < Duration::from_secs(1));
 }

@@ -116,13 +116,8 @@ async fn session_limit_ends_within_the_deadline_with_an_honest_answer() {
     let top = "defaults:\n  deadline: 60s\n  retry: { base_delay: 100ms, max_delay: 400ms, max_attempts: 50 }";
     let gw = gateway(&yaml(&sim, top, "", "")).await;
     let started = Instant::now();
-    let resp = client()
-        .post(url(&gw, "/v1/messages"))
-        .header("x-tidegate-deadline", "2s")
-        .body(r#"{"model":"claude","max_tokens":10}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp =
+        post_with(&gw, "/v1/messages", ("x-tidegate-deadline", "2s"), r#"{"model":"claude","max_tokens":10}"#).await;
     let took = started.elapsed();
     assert!(took < Duration::from_millis(2600), "deadline not kept: {took:?}");
     assert_eq!(resp.status(), 429);
@@ -181,13 +176,7 @@ async fn no_attempt_after_the_client_is_gone() {
 async fn a_chained_tidegate_makes_one_attempt_and_relays_verbatim() {
     let sim = sim(&[("real-gpt", always(429, C3009))]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .header("x-tidegate-hop", "1")
-        .body(r#"{"model":"gpt"}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_with(&gw, "/v1/chat/completions", ("x-tidegate-hop", "1"), r#"{"model":"gpt"}"#).await;
     assert_eq!(resp.status(), 429);
     assert!(resp.headers().get("x-should-retry").is_none(), "the outer tidegate must stay free to retry");
     assert_eq!(resp.text().await.unwrap(), C3009);
@@ -238,13 +227,7 @@ async fn stream_request_is_retried_before_any_byte() {
 async fn malformed_deadline_header_is_a_clear_400() {
     let sim = sim(&[]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .header("x-tidegate-deadline", "soonish")
-        .body(r#"{"model":"gpt"}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_with(&gw, "/v1/chat/completions", ("x-tidegate-deadline", "soonish"), r#"{"model":"gpt"}"#).await;
     assert_eq!(resp.status(), 400);
     let v: Value = resp.json().await.unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("x-tidegate-deadline"));

@@ -152,13 +152,8 @@ async fn failure_after_keepalive_arrives_as_an_in_stream_error() {
     let top = "defaults:\n  stream_keepalive_after: 200ms\n  stream_keepalive_every: 200ms\n  retry: { base_delay: 150ms, max_delay: 150ms }";
     let gw = gateway(&yaml(&sim, top, "", "")).await;
     let started = Instant::now();
-    let resp = client()
-        .post(url(&gw, "/v1/messages"))
-        .header("x-tidegate-deadline", "1s")
-        .body(r#"{"model":"claude","stream":true}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp =
+        post_with(&gw, "/v1/messages", ("x-tidegate-deadline", "1s"), r#"{"model":"claude","stream":true}"#).await;
     assert_eq!(resp.status(), 200, "committed before the failure");
     let mut body = resp.bytes_stream();
     let mut text = String::new();

@@ -75,3 +75,8 @@ pub async fn assert_serves(gw: &Running) {
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["model"], "real-gpt");
 }
+
+/// POSTs `body` to `path` with one extra header (e.g. `x-tidegate-deadline`).
+pub async fn post_with(gw: &Running, path: &str, header: (&str, &str), body: &str) -> reqwest::Response {
+    client().post(url(gw, path)).header(header.0, header.1).body(body.to_string()).send().await.unwrap()
+}
