@@ -27,6 +27,7 @@ pub mod health;
 pub mod journal;
 pub mod limits;
 pub mod logging;
+pub mod metrics;
 pub mod protocol;
 pub mod relay;
 pub mod report;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use crate::classify::Class;
 use crate::journal::{AttemptRow, Journal, Row};
+use crate::metrics::{Metrics, Sample};
 use crate::relay::AttemptLog;
 use crate::stream::sse::Usage;
 
@@ -84,11 +85,13 @@ pub struct Report {
     finished: bool,
 }
 
-/// The journal and what it needs to turn a report into rows.
+/// Where a finished report goes: the journal and the metrics.
 #[derive(Debug, Clone)]
 pub struct Sink {
-    /// The journal.
-    pub journal: Journal,
+    /// The journal, unless it is off.
+    pub journal: Option<Journal>,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
     /// Upstream names by index.
     pub names: Arc<[String]>,
     /// Keep partial stream text.
@@ -117,6 +120,22 @@ impl Report {
             arrived_ms: jiff::Timestamp::now().as_millisecond(),
             finished: false,
         }
+    }
+
+    fn count(&self, outcome: Outcome, sink: &Sink) {
+        for a in &self.attempts {
+            sink.metrics.attempt(sink.names.get(a.upstream).map_or("-", String::as_str), a.verdict);
+        }
+        sink.metrics.observe(&Sample {
+            outcome,
+            class: self.class.map_or("-", Class::as_str),
+            upstream: self.upstream.as_deref().unwrap_or("-"),
+            model: self.model.as_deref(),
+            queue_wait: self.queue_wait.as_secs_f64(),
+            ttfb: self.ttfb.map(|d| d.as_secs_f64()),
+            total: self.started.elapsed().as_secs_f64(),
+            tokens: (self.usage.input, self.usage.output),
+        });
     }
 
     fn row(&self, outcome: Outcome, sink: &Sink) -> Row {
@@ -173,7 +192,10 @@ impl Report {
         }
         self.finished = true;
         if let Some(sink) = &self.sink {
-            sink.journal.record(self.row(outcome, sink));
+            self.count(outcome, sink);
+            if let Some(journal) = &sink.journal {
+                journal.record(self.row(outcome, sink));
+            }
         }
         if !tracing::enabled!(tracing::Level::INFO) {
             return;

@@ -79,6 +79,9 @@ pub enum BuildError {
     /// Base URL plus path is not a valid URI.
     #[error("upstream {0}: invalid URL")]
     Url(String),
+    /// Metrics could not be registered.
+    #[error("metrics: {0}")]
+    Metrics(String),
     /// Key contains bytes that cannot go in a header.
     #[error("upstream {0}: api_key cannot be sent as a header")]
     Key(String),

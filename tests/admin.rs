@@ -74,3 +74,67 @@ async fn learned_limits_and_open_breakers_are_visible() {
     assert_eq!(anthropic["health"]["state"], "open", "{anthropic}");
     assert!(anthropic["health"]["for_ms"].as_u64().unwrap() > 50_000);
 }
+
+#[tokio::test]
+async fn metrics_count_requests_and_never_show_a_key() {
+    let client_key = "ck-metrics-secret-9";
+    let sim = sim(&[(
+        "claude",
+        Behavior { status: Some(400), error_body: r#"{"error":{"message":"bad"}}"#.into(), ..Default::default() },
+    )]);
+    let top = format!("admin_key: adm\nclient_keys: [{{ name: alice, key: {client_key} }}]");
+    let gw = gateway(&yaml(&sim, &top, "    max_concurrent: 7", "")).await;
+    let ok = client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .bearer_auth(client_key)
+        .body(r#"{"model":"gpt"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    ok.bytes().await.unwrap();
+    let bad = client()
+        .post(url(&gw, "/v1/messages"))
+        .bearer_auth(client_key)
+        .body(r#"{"model":"claude"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    // An unknown model must not become a label.
+    let unknown = client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .bearer_auth(client_key)
+        .body(r#"{"model":"made-up-by-client"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+
+    assert_eq!(client().get(url(&gw, "/metrics")).send().await.unwrap().status(), 401);
+    let mut text = String::new();
+    for _ in 0..50 {
+        text = client().get(url(&gw, "/metrics")).bearer_auth("adm").send().await.unwrap().text().await.unwrap();
+        if text.contains(r#"outcome="failed""#) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        text.contains(r#"tidegate_requests_total{class="-",model="gpt",outcome="completed",upstream="sim-openai"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"tidegate_requests_total{class="request",model="claude",outcome="failed",upstream="sim-anthropic"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(r#"tidegate_upstream_state{upstream="sim-openai",what="effective_limit"} 7"#), "{text}");
+    assert!(text.contains("tidegate_ttfb_seconds_bucket"), "{text}");
+    assert!(text.contains(r#"tidegate_attempts_total{upstream="sim-openai",verdict="ok"} 1"#), "{text}");
+    assert!(!text.contains("made-up-by-client"), "client-supplied label");
+    for secret in [client_key, UPSTREAM_KEY, "adm\n"] {
+        assert!(!text.contains(secret), "a key in /metrics");
+    }
+}

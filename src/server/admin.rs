@@ -95,6 +95,23 @@ fn journal_error(detail: &str) -> Response {
     resp
 }
 
+/// `GET /metrics`: Prometheus text. Needs `admin_key` when one is set.
+pub async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if gw.config.admin_key.is_some() && !authorized(&gw, &headers) {
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
+    }
+    for u in &gw.upstreams {
+        let snap = u.limiter.snapshot();
+        let name = u.config.name.as_str();
+        gw.metrics.gauge(name, "in_flight", i64::from(snap.in_flight));
+        gw.metrics.gauge(name, "effective_limit", i64::from(snap.effective_limit));
+        gw.metrics.gauge(name, "queued", snap.queued as i64);
+    }
+    let dropped = gw.journal.as_ref().map_or(0, |j| j.dropped());
+    gw.metrics.gauge("-", "journal_dropped_rows", dropped as i64);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], gw.metrics.render()).into_response()
+}
+
 /// `GET /admin/upstreams`: health, in-flight, queue, effective limit.
 pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if !authorized(&gw, &headers) {

@@ -61,8 +61,9 @@ pub async fn fallback(req: Request) -> Response {
 async fn proxy(gw: Arc<Gateway>, protocol: Protocol, req: Request) -> Response {
     let id = uuid::Uuid::now_v7();
     let mut report = Report::new(id, Instant::now());
-    report.sink = gw.journal.as_ref().map(|journal| Sink {
-        journal: journal.clone(),
+    report.sink = Some(Sink {
+        journal: gw.journal.clone(),
+        metrics: gw.metrics.clone(),
         names: gw.names.clone(),
         keep_partial: gw.config.keep_partial,
     });

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::journal::Journal;
+use crate::metrics::Metrics;
 use crate::retry::RetryBudget;
 use crate::upstream::{BuildError, Upstream};
 
@@ -31,6 +32,8 @@ pub struct Gateway {
     pub journal: Option<Journal>,
     /// Upstream names by index (for records).
     pub names: Arc<[String]>,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Gateway {
@@ -43,7 +46,8 @@ impl Gateway {
             .collect::<Result<Vec<_>, _>>()?;
         let journal = config.journal.as_deref().map(|path| Journal::start(path, config.retention.clone()));
         let names = upstreams.iter().map(|u| u.config.name.clone()).collect();
-        Ok(Self { config, upstreams, journal, names })
+        let metrics = Metrics::new(config.models.keys().cloned()).map_err(|e| BuildError::Metrics(e.to_string()))?;
+        Ok(Self { config, upstreams, journal, names, metrics: Arc::new(metrics) })
     }
 }
 
@@ -54,6 +58,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/messages", post(handlers::messages))
         .route("/v1/models", get(handlers::models))
         .route("/healthz", get(handlers::healthz))
+        .route("/metrics", get(admin::metrics))
         .route("/admin/upstreams", get(admin::upstreams))
         .route("/admin/requests", get(admin::requests))
         .route("/admin/requests/{id}", get(admin::request))

@@ -1,0 +1,125 @@
+//! `GET /metrics` in Prometheus text format.
+//!
+//! Counters and histograms are updated once per request, when its report is
+//! finished (never per chunk); per-upstream gauges (in-flight, effective
+//! limit, queue, journal drops) are read at scrape time, so they cost the
+//! request path nothing. Labels are configured names only — upstream names
+//! and model aliases — never a key or a string a client made up.
+
+use std::collections::HashSet;
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+use crate::report::Outcome;
+
+/// The gateway's metrics.
+pub struct Metrics {
+    registry: Registry,
+    aliases: HashSet<String>,
+    requests: IntCounterVec,
+    attempts: IntCounterVec,
+    tokens: IntCounterVec,
+    queue_wait: HistogramVec,
+    ttfb: HistogramVec,
+    duration: HistogramVec,
+    gauges: IntGaugeVec,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// What one finished request contributes.
+pub struct Sample<'a> {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Class of its final failure (`-` if none).
+    pub class: &'a str,
+    /// Upstream that answered (`-` if none).
+    pub upstream: &'a str,
+    /// Alias asked for.
+    pub model: Option<&'a str>,
+    /// Seconds waiting for slots.
+    pub queue_wait: f64,
+    /// Seconds to the first byte.
+    pub ttfb: Option<f64>,
+    /// Seconds in all.
+    pub total: f64,
+    /// Tokens in and out.
+    pub tokens: (Option<u64>, Option<u64>),
+}
+
+const BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+impl Metrics {
+    /// Registers every metric; `aliases` are the configured model aliases.
+    pub fn new(aliases: impl Iterator<Item = String>) -> Result<Self, prometheus::Error> {
+        let registry = Registry::new_custom(Some("tidegate".into()), None)?;
+        let counter = |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let histogram = |name: &str, help: &str| -> Result<HistogramVec, prometheus::Error> {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()), &["model"])?;
+            registry.register(Box::new(h.clone()))?;
+            Ok(h)
+        };
+        let gauges = IntGaugeVec::new(
+            Opts::new("upstream_state", "per-upstream in_flight, effective_limit, queued; read at scrape time"),
+            &["upstream", "what"],
+        )?;
+        registry.register(Box::new(gauges.clone()))?;
+        Ok(Self {
+            requests: counter(
+                "requests_total",
+                "requests by outcome, error class, upstream and model",
+                &["outcome", "class", "upstream", "model"],
+            )?,
+            attempts: counter("attempts_total", "upstream attempts by verdict", &["upstream", "verdict"])?,
+            tokens: counter("tokens_total", "tokens reported by upstreams", &["direction", "model"])?,
+            queue_wait: histogram("queue_wait_seconds", "time waiting for upstream slots and rate buckets")?,
+            ttfb: histogram("ttfb_seconds", "time to the first byte sent to the client")?,
+            duration: histogram("request_duration_seconds", "total request time")?,
+            gauges,
+            aliases: aliases.collect(),
+            registry,
+        })
+    }
+
+    /// Records one finished request.
+    pub fn observe(&self, s: &Sample<'_>) {
+        let model = s.model.filter(|m| self.aliases.contains(*m)).unwrap_or("-");
+        self.requests.with_label_values(&[s.outcome.as_str(), s.class, s.upstream, model]).inc();
+        self.queue_wait.with_label_values(&[model]).observe(s.queue_wait);
+        if let Some(t) = s.ttfb {
+            self.ttfb.with_label_values(&[model]).observe(t);
+        }
+        self.duration.with_label_values(&[model]).observe(s.total);
+        if let Some(n) = s.tokens.0 {
+            self.tokens.with_label_values(&["in", model]).inc_by(n);
+        }
+        if let Some(n) = s.tokens.1 {
+            self.tokens.with_label_values(&["out", model]).inc_by(n);
+        }
+    }
+
+    /// Counts one attempt's verdict.
+    pub fn attempt(&self, upstream: &str, verdict: &str) {
+        self.attempts.with_label_values(&[upstream, verdict]).inc();
+    }
+
+    /// Sets a scrape-time gauge.
+    pub fn gauge(&self, upstream: &str, what: &str, value: i64) {
+        self.gauges.with_label_values(&[upstream, what]).set(value);
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
