@@ -57,6 +57,8 @@ pub struct Row {
     pub partial: Option<String>,
     /// Number of attempts.
     pub n_attempts: u32,
+    /// The client's volume was far above its baseline.
+    pub anomaly: bool,
     /// Attempts, in order (loaded for one request only).
     pub attempts: Vec<AttemptRow>,
 }
@@ -149,7 +151,7 @@ CREATE TABLE IF NOT EXISTS requests (
     id TEXT PRIMARY KEY, ts_ms INTEGER NOT NULL, client TEXT, model TEXT, stream INTEGER NOT NULL,
     outcome TEXT NOT NULL, status INTEGER NOT NULL, class TEXT, error TEXT, targets TEXT NOT NULL,
     queue_ms REAL NOT NULL, ttfb_ms REAL, total_ms REAL NOT NULL, tokens_in INTEGER, tokens_out INTEGER,
-    partial TEXT, n_attempts INTEGER NOT NULL) WITHOUT ROWID;
+    partial TEXT, n_attempts INTEGER NOT NULL, anomaly INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS attempts (
     request_id TEXT NOT NULL, n INTEGER NOT NULL,
     upstream TEXT NOT NULL, status INTEGER, class TEXT, summary TEXT NOT NULL, verdict TEXT NOT NULL,
@@ -218,8 +220,8 @@ fn insert(conn: &mut Connection, batch: &[Row]) -> rusqlite::Result<()> {
     {
         let mut req = tx.prepare_cached(
             "INSERT OR REPLACE INTO requests (id, ts_ms, client, model, stream, outcome, status, class, error, targets,
-             queue_ms, ttfb_ms, total_ms, tokens_in, tokens_out, partial, n_attempts)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+             queue_ms, ttfb_ms, total_ms, tokens_in, tokens_out, partial, n_attempts, anomaly)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
         )?;
         let mut att = tx.prepare_cached(
             "INSERT OR REPLACE INTO attempts (request_id, n, upstream, status, class, summary, verdict, wait_ms)
@@ -244,6 +246,7 @@ fn insert(conn: &mut Connection, batch: &[Row]) -> rusqlite::Result<()> {
                 r.tokens_out.map(|n| n as i64),
                 r.partial,
                 r.n_attempts,
+                r.anomaly,
             ])?;
             for (n, a) in r.attempts.iter().enumerate() {
                 att.execute(params![
@@ -322,12 +325,13 @@ fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         tokens_out: r.get::<_, Option<i64>>(14)?.map(|n| n as u64),
         partial: r.get(15)?,
         n_attempts: r.get(16)?,
+        anomaly: r.get(17)?,
         attempts: Vec::new(),
     })
 }
 
 const COLUMNS: &str = "id, ts_ms, client, model, stream, outcome, status, class, error, targets, queue_ms, ttfb_ms, \
-                       total_ms, tokens_in, tokens_out, partial, n_attempts";
+                       total_ms, tokens_in, tokens_out, partial, n_attempts, anomaly";
 
 /// Requests matching `q`, newest first (attempts not loaded).
 pub fn list(path: &Path, q: &Query) -> rusqlite::Result<Vec<Row>> {

@@ -20,6 +20,7 @@
 //! `simulate` is a fault-injecting upstream shared by the tests, the
 //! benchmark and `tidegate simulate`.
 
+pub mod anomaly;
 pub mod classify;
 pub mod config;
 pub mod error;

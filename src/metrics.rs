@@ -19,6 +19,7 @@ pub struct Metrics {
     requests: IntCounterVec,
     attempts: IntCounterVec,
     tokens: IntCounterVec,
+    anomalies: IntCounterVec,
     queue_wait: HistogramVec,
     ttfb: HistogramVec,
     duration: HistogramVec,
@@ -80,6 +81,7 @@ impl Metrics {
             )?,
             attempts: counter("attempts_total", "upstream attempts by verdict", &["upstream", "verdict"])?,
             tokens: counter("tokens_total", "tokens reported by upstreams", &["direction", "model"])?,
+            anomalies: counter("anomalies_total", "floods flagged, per client key name", &["client"])?,
             queue_wait: histogram("queue_wait_seconds", "time waiting for upstream slots and rate buckets")?,
             ttfb: histogram("ttfb_seconds", "time to the first byte sent to the client")?,
             duration: histogram("request_duration_seconds", "total request time")?,
@@ -109,6 +111,11 @@ impl Metrics {
     /// Counts one attempt's verdict.
     pub fn attempt(&self, upstream: &str, verdict: &str) {
         self.attempts.with_label_values(&[upstream, verdict]).inc();
+    }
+
+    /// Counts a flood flagged for a client key name.
+    pub fn anomaly(&self, client: &str) {
+        self.anomalies.with_label_values(&[client]).inc();
     }
 
     /// Sets a scrape-time gauge.

@@ -79,6 +79,8 @@ pub struct Report {
     pub usage: Usage,
     /// Text already delivered when a stream broke.
     pub partial: Option<String>,
+    /// The client's volume was flagged as far above its baseline.
+    pub anomaly: bool,
     /// Where the record goes besides the log line.
     pub sink: Option<Sink>,
     arrived_ms: i64,
@@ -116,6 +118,7 @@ impl Report {
             queue_wait: Duration::ZERO,
             usage: Usage::default(),
             partial: None,
+            anomaly: false,
             sink: None,
             arrived_ms: jiff::Timestamp::now().as_millisecond(),
             finished: false,
@@ -166,6 +169,7 @@ impl Report {
             tokens_out: self.usage.output,
             partial: if sink.keep_partial { self.partial.clone() } else { None },
             n_attempts: self.attempts.len() as u32,
+            anomaly: self.anomaly,
             attempts: self
                 .attempts
                 .iter()

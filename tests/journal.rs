@@ -190,3 +190,39 @@ async fn a_journal_that_cannot_be_written_never_fails_a_request() {
     }
     assert_eq!(dropped, 6, "dropped rows are counted");
 }
+
+#[tokio::test]
+async fn a_flood_from_one_key_is_flagged_steady_traffic_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = format!(
+        "journal: {}\nadmin_key: adm\nanomaly_window: 1s\nanomaly_factor: 5\nanomaly_min_requests: 20\nclient_keys:\n  - {{ name: flood, key: k-flood }}\n  - {{ name: steady, key: k-steady }}",
+        dir.path().join("j.db").display()
+    );
+    let sim = sim(&[]);
+    let gw = gateway(&yaml(&sim, &top, "", "")).await;
+    let send = |key: &'static str| {
+        client().post(url(&gw, "/v1/chat/completions")).bearer_auth(key).body(r#"{"model":"gpt"}"#).send()
+    };
+    // Three windows of steady use by both keys.
+    for _ in 0..3 {
+        for _ in 0..3 {
+            assert_eq!(send("k-flood").await.unwrap().status(), 200);
+            assert_eq!(send("k-steady").await.unwrap().status(), 200);
+        }
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+    }
+    // Then one key sends 100 at once; the other keeps its pace.
+    for _ in 0..100 {
+        assert_eq!(send("k-flood").await.unwrap().status(), 200, "a flood warning must never block");
+    }
+    for _ in 0..3 {
+        assert_eq!(send("k-steady").await.unwrap().status(), 200);
+    }
+    let list = rows(&gw, 100).await;
+    let flagged = |name: &str| list.iter().filter(|r| r["client"] == name && r["anomaly"] == true).count();
+    assert!(flagged("flood") >= 20, "flood not flagged: {}", flagged("flood"));
+    assert_eq!(flagged("steady"), 0);
+    let metrics = client().get(url(&gw, "/metrics")).bearer_auth("adm").send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"tidegate_anomalies_total{client="flood"} 1"#), "{metrics}");
+    assert!(!metrics.contains(r#"client="steady""#));
+}

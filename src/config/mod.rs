@@ -18,6 +18,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
+use crate::anomaly::AnomalyConfig;
 use crate::health::BreakerConfig;
 use crate::journal::Retention;
 use crate::limits::LimitConfig;
@@ -51,6 +52,8 @@ pub struct Config {
     pub retention: Retention,
     /// Keep partial stream text in the journal.
     pub keep_partial: bool,
+    /// Flood warning thresholds.
+    pub anomaly: AnomalyConfig,
     /// Upstreams, in config order; targets refer to them by index.
     pub upstreams: Vec<UpstreamConfig>,
     /// Model aliases in config order.

@@ -35,6 +35,15 @@ pub struct RawConfig {
     /// Keep the text of streams cut mid-way in the journal.
     #[serde(default)]
     pub keep_partial: Option<bool>,
+    /// Flag a client whose window volume exceeds this × its baseline.
+    #[serde(default)]
+    pub anomaly_factor: Option<f64>,
+    /// ...with at least this many requests in the window.
+    #[serde(default)]
+    pub anomaly_min_requests: Option<u64>,
+    /// Window for the volume comparison.
+    #[serde(default)]
+    pub anomaly_window: Option<String>,
     /// Key for the `/admin` endpoints; without it they answer 401.
     #[serde(default)]
     pub admin_key: Option<String>,

@@ -9,6 +9,7 @@ use indexmap::IndexMap;
 
 use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
 use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Strategy, Target, UpstreamConfig};
+use crate::anomaly::AnomalyConfig;
 use crate::health::BreakerConfig;
 use crate::journal::Retention;
 use crate::limits::LimitConfig;
@@ -85,6 +86,15 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         max_age: duration("journal_max_age", &raw.journal_max_age, Duration::from_secs(30 * 24 * 3600), problems),
         max_rows: raw.journal_max_rows.unwrap_or(1_000_000),
     };
+    let fallback_anomaly = AnomalyConfig::default();
+    let anomaly = AnomalyConfig {
+        factor: raw.anomaly_factor.unwrap_or(fallback_anomaly.factor),
+        min_requests: raw.anomaly_min_requests.unwrap_or(fallback_anomaly.min_requests),
+        window: duration("anomaly_window", &raw.anomaly_window, fallback_anomaly.window, problems),
+    };
+    if anomaly.factor.is_nan() || anomaly.factor <= 1.0 {
+        problems.push("anomaly_factor: must be above 1".into());
+    }
     let d = &raw.defaults;
     let deadline = duration("defaults.deadline", &d.deadline, DEFAULT_DEADLINE, problems);
     let fallback = Policy::default();
@@ -135,6 +145,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         },
         retention,
         keep_partial: raw.keep_partial.unwrap_or(true),
+        anomaly,
         client_keys,
         upstreams,
         models,

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::Gateway;
 use super::auth::authenticate;
+use crate::anomaly::Verdict;
 use crate::error::GatewayError;
 use crate::protocol::{self, Protocol};
 use crate::relay::{self, Answer, Job, Relayed};
@@ -77,6 +78,18 @@ async fn proxy(gw: Arc<Gateway>, protocol: Protocol, req: Request) -> Response {
             return label(error.into_response(protocol), id, None, 0);
         }
     };
+    if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.client, Instant::now()) {
+        report.anomaly = true;
+        if first {
+            gw.metrics.anomaly(&job.client);
+            tracing::warn!(
+                client = %job.client,
+                count,
+                baseline,
+                "request volume far above this client's baseline (warning only; nothing is blocked)"
+            );
+        }
+    }
     let keepalive = if job.head.stream { gw.config.stream_keepalive_after } else { None };
     let progress = job.progress.clone();
     let mut relay_future: RelayFuture = Box::pin(relay::relay(job));

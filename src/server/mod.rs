@@ -16,6 +16,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use tokio::task::JoinHandle;
 
+use crate::anomaly::Anomaly;
 use crate::config::Config;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
@@ -34,6 +35,8 @@ pub struct Gateway {
     pub names: Arc<[String]>,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// Per-client flood warnings.
+    pub anomaly: Anomaly,
 }
 
 impl Gateway {
@@ -47,7 +50,8 @@ impl Gateway {
         let journal = config.journal.as_deref().map(|path| Journal::start(path, config.retention.clone()));
         let names = upstreams.iter().map(|u| u.config.name.clone()).collect();
         let metrics = Metrics::new(config.models.keys().cloned()).map_err(|e| BuildError::Metrics(e.to_string()))?;
-        Ok(Self { config, upstreams, journal, names, metrics: Arc::new(metrics) })
+        let anomaly = Anomaly::new(config.anomaly.clone());
+        Ok(Self { config, upstreams, journal, names, metrics: Arc::new(metrics), anomaly })
     }
 }
 
