@@ -50,8 +50,17 @@ pub enum Availability {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Breaker {
     Closed,
-    Open { until: Instant, period: Duration },
-    HalfOpen { probing: bool, period: Duration },
+    Open {
+        until: Instant,
+        period: Duration,
+    },
+    /// `claimed`: when the probe was handed out. A probe whose request
+    /// never reports (refused by the queue, client gone) expires after
+    /// `period`, so a lost probe cannot hold the breaker half-open forever.
+    HalfOpen {
+        claimed: Option<Instant>,
+        period: Duration,
+    },
 }
 
 #[derive(Debug)]
@@ -88,33 +97,26 @@ impl Health {
     /// Whether a request may go now; claims the probe when half-open.
     pub fn check(&self, now: Instant) -> Availability {
         let Ok(mut s) = self.state.lock() else { return Availability::Ready };
-        match s.breaker {
-            Breaker::Open { until, period } if now >= until => {
-                s.breaker = Breaker::HalfOpen { probing: true, period };
-                return Availability::Probe;
-            }
-            Breaker::Open { until, .. } => return Availability::Open(until),
-            Breaker::HalfOpen { probing: false, period } => {
-                s.breaker = Breaker::HalfOpen { probing: true, period };
-                return Availability::Probe;
-            }
-            Breaker::HalfOpen { probing: true, period } => {
-                return Availability::Open(now + period.min(Duration::from_secs(1)));
-            }
-            Breaker::Closed => {}
+        let availability = Self::availability(&s, now);
+        if availability == Availability::Probe {
+            let period = match s.breaker {
+                Breaker::Open { period, .. } | Breaker::HalfOpen { period, .. } => period,
+                Breaker::Closed => self.config.cooldown,
+            };
+            s.breaker = Breaker::HalfOpen { claimed: Some(now), period };
         }
-        match s.cooldown_until {
-            Some(until) if until > now => Availability::Cooling(until),
-            _ => Availability::Ready,
-        }
+        availability
     }
 
     /// Like [`Health::check`] without claiming a probe.
     pub fn peek(&self, now: Instant) -> Availability {
-        let Ok(s) = self.state.lock() else { return Availability::Ready };
+        self.state.lock().map_or(Availability::Ready, |s| Self::availability(&s, now))
+    }
+
+    fn availability(s: &State, now: Instant) -> Availability {
         match s.breaker {
             Breaker::Open { until, .. } if now < until => Availability::Open(until),
-            Breaker::HalfOpen { probing: true, period } => Availability::Open(now + period.min(Duration::from_secs(1))),
+            Breaker::HalfOpen { claimed: Some(at), period } if now < at + period => Availability::Open(at + period),
             Breaker::Open { .. } | Breaker::HalfOpen { .. } => Availability::Probe,
             Breaker::Closed => match s.cooldown_until {
                 Some(until) if until > now => Availability::Cooling(until),
@@ -140,7 +142,7 @@ impl Health {
                 let until = now + hint.unwrap_or(Duration::from_secs(1));
                 s.cooldown_until = Some(s.cooldown_until.map_or(until, |u| u.max(until)));
                 if let Breaker::HalfOpen { period, .. } = s.breaker {
-                    s.breaker = Breaker::HalfOpen { probing: false, period };
+                    s.breaker = Breaker::HalfOpen { claimed: None, period };
                 }
                 return;
             }
@@ -224,6 +226,20 @@ mod tests {
         h.on_success();
         assert_eq!(h.check(t3), Availability::Ready);
         assert_eq!(h.snapshot(t3).state, "ok");
+    }
+
+    #[test]
+    fn a_probe_that_never_reports_expires() {
+        let h = Health::new(cfg());
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            h.on_failure(Class::Transient, None, t0);
+        }
+        let t1 = t0 + Duration::from_secs(10);
+        assert_eq!(h.check(t1), Availability::Probe);
+        // Its request was dropped (client gone) and reports nothing.
+        assert_eq!(h.check(t1 + Duration::from_secs(5)), Availability::Open(t1 + Duration::from_secs(10)));
+        assert_eq!(h.check(t1 + Duration::from_secs(10)), Availability::Probe, "a lost probe must not stick");
     }
 
     #[test]

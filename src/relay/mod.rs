@@ -135,17 +135,18 @@ pub async fn relay(job: Job) -> Relayed {
             Pick::Use(ti) => ti,
             // Every target left is broken: fail fast, saying when the
             // first probe is due, rather than queueing behind a breaker.
-            Pick::WaitUntil(_) | Pick::NoneLeft => {
-                let probe = match targets.pick(Instant::now()) {
+            pick @ (Pick::WaitUntil(_) | Pick::NoneLeft) => {
+                let probe = match pick {
                     Pick::WaitUntil(until) => until.saturating_duration_since(Instant::now()),
-                    Pick::Use(_) | Pick::NoneLeft => Duration::from_secs(1),
+                    Pick::Use(_) | Pick::NoneLeft => Duration::ZERO,
                 };
-                let (outcome, index) = last.take().unwrap_or_else(|| (answer::breakers_open(), 0));
-                let upstream = &gw.upstreams[route.targets[index].upstream];
+                let (outcome, ti) = last.take().unwrap_or_else(|| (answer::breakers_open(), 0));
+                let index = route.targets[ti].upstream;
+                let upstream = &gw.upstreams[index];
                 let wait = probe.max(Duration::from_secs(1));
                 let ctx = answer::Context::new(gw, upstream, attempts.len(), started, &targets.tried);
                 let answer = answer::give_up(&ctx, GiveUp::BreakerOpen { wait }, &outcome, None);
-                return Relayed { answer, upstream: Some(upstream_index(route, index)), attempts, queue_wait };
+                return Relayed { answer, upstream: Some(index), attempts, queue_wait };
             }
         };
         let index = route.targets[ti].upstream;
@@ -252,10 +253,6 @@ pub async fn relay(job: Job) -> Relayed {
         }
         last = Some((outcome, ti));
     }
-}
-
-fn upstream_index(route: &crate::config::ModelRoute, target: usize) -> usize {
-    route.targets.get(target).map_or(0, |t| t.upstream)
 }
 
 /// One attempt: send, and turn whatever came back into an answer or a
