@@ -3,7 +3,7 @@
 //! outage cannot multiply the load on it.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const WINDOW_SECS: u64 = 10;
 
@@ -77,6 +77,7 @@ impl RetryBudget {
     }
 
     /// Takes one retry from the budget if there is one left.
+    #[cfg(test)]
     pub fn try_retry(&self, now: Instant) -> bool {
         let room = self.has_room(now);
         if room {
@@ -84,16 +85,12 @@ impl RetryBudget {
         }
         room
     }
-
-    /// The window length, for documentation and messages.
-    pub fn window() -> Duration {
-        Duration::from_secs(WINDOW_SECS)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn retries_are_bounded_by_ratio_plus_floor() {
