@@ -118,16 +118,24 @@ def run_checks(base):
     an = anthropic.Anthropic(base_url=base, api_key=CLIENT_KEY, max_retries=0, timeout=20)
     msgs = [{"role": "user", "content": "hello"}]
 
+    def openai_text(stream, seen=None):
+        """Concatenated delta text of an OpenAI stream; `seen` collects it
+        as it arrives, for streams expected to raise part-way."""
+        text = ""
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+                if seen is not None:
+                    seen.append(chunk.choices[0].delta.content)
+        return text
+
     def openai_non_stream():
         r = oa.chat.completions.create(model="gpt", messages=msgs)
         assert r.model == "sim-gpt", r.model
         assert r.choices[0].message.content.startswith("tok0"), r
 
     def openai_stream():
-        text = ""
-        for chunk in oa.chat.completions.create(model="gpt", messages=msgs, stream=True):
-            if chunk.choices and chunk.choices[0].delta.content:
-                text += chunk.choices[0].delta.content
+        text = openai_text(oa.chat.completions.create(model="gpt", messages=msgs, stream=True))
         assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
 
     def openai_models():
@@ -163,21 +171,17 @@ def run_checks(base):
         assert took < 2.5, f"the SDK retried on top of tidegate ({took:.1f}s)"
 
     def openai_mid_stream_failure_raises():
-        text = ""
+        seen = []
         try:
-            for chunk in oa.chat.completions.create(model="drop", messages=msgs, stream=True):
-                if chunk.choices and chunk.choices[0].delta.content:
-                    text += chunk.choices[0].delta.content
+            text = openai_text(oa.chat.completions.create(model="drop", messages=msgs, stream=True), seen)
             raise AssertionError(f"stream ended silently after {text!r}")
         except openai.APIError as e:
             assert "broke" in str(e.message), e.message
+        text = "".join(seen)
         assert text == "tok0 tok1 ", repr(text)
 
     def openai_keepalive_comments_parse():
-        text = ""
-        for chunk in oa.chat.completions.create(model="slow", messages=msgs, stream=True):
-            if chunk.choices and chunk.choices[0].delta.content:
-                text += chunk.choices[0].delta.content
+        text = openai_text(oa.chat.completions.create(model="slow", messages=msgs, stream=True))
         assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
 
     def anthropic_mid_stream_failure_raises():
