@@ -17,12 +17,14 @@
 //!        ──► error     what tidegate answers itself, in the client's shape
 //! ```
 //!
-//! `simulate` is a fault-injecting upstream shared by the tests, the
-//! benchmark and `tidegate simulate`.
+//! `simulate` is a fault-injecting upstream (with named scenarios) shared
+//! by the tests, the benchmark, `tidegate simulate` and `demo`, which runs
+//! one burst straight at it and one through tidegate.
 
 pub mod anomaly;
 pub mod classify;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod health;
 pub mod journal;

@@ -18,6 +18,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// See what tidegate does in 30 s, offline: the same burst straight at
+    /// a faulty simulated provider and through tidegate, compared.
+    Demo {
+        /// Requests per burst.
+        #[arg(long, default_value_t = 40)]
+        requests: usize,
+        /// Journal of the tidegate run (read it with `tidegate log --journal`).
+        #[arg(long, default_value_os_t = std::env::temp_dir().join("tidegate-demo.db"))]
+        journal: PathBuf,
+    },
     /// Run the gateway (writes a commented default config if none exists).
     Serve {
         /// Config file.
@@ -59,7 +69,10 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:9000")]
         listen: SocketAddr,
-        /// Simulator config (YAML: default/models behaviours).
+        /// A named fault scenario: healthy, capacity, overloaded, quirks.
+        #[arg(long, conflicts_with = "config")]
+        scenario: Option<String>,
+        /// Simulator config (YAML, the shape of the scenario files).
         #[arg(long)]
         config: Option<PathBuf>,
         /// Runtime worker threads (0 = one per CPU).
@@ -71,10 +84,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo { requests, journal } => demo(requests, journal),
         Command::Serve { config, workers, listen } => serve(&config, workers, listen),
         Command::Check { config } => return check(&config),
         Command::Log { config, journal, outcome, since, limit } => log(&config, journal, outcome, since, limit),
-        Command::Simulate { listen, config, workers } => simulate(listen, config.as_deref(), workers),
+        Command::Simulate { listen, scenario, config, workers } => {
+            simulate(listen, scenario.as_deref(), config.as_deref(), workers)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -219,19 +235,44 @@ fn serve(path: &Path, workers: Option<usize>, listen: Option<SocketAddr>) -> any
     })
 }
 
-fn simulate(listen: SocketAddr, config: Option<&Path>, workers: usize) -> anyhow::Result<()> {
+fn demo(requests: usize, journal: PathBuf) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let options = tidegate::demo::Options { requests, progress: std::io::stderr().is_terminal(), journal };
+    println!(
+        "tidegate demo: a simulated provider with a 3-request cap per model (429 3009, no Retry-After),\n\
+         200 + error frame stream refusals, random 529 overloaded and one Retry-After: 1.\n\
+         The same burst of {requests} concurrent requests (OpenAI and Anthropic, streaming and not) goes\n\
+         straight to it, then through tidegate.\n"
+    );
+    let report = runtime(0)?.block_on(tidegate::demo::run(&options))?;
+    println!("\n{}", report.table());
+    println!("every request of the tidegate run: tidegate log --journal {}", report.journal.display());
+    if report.gateway.failed() > 0 {
+        anyhow::bail!(
+            "{} request(s) failed through tidegate: that is a bug, please report it",
+            report.gateway.failed()
+        );
+    }
+    Ok(())
+}
+
+fn simulate(listen: SocketAddr, scenario: Option<&str>, config: Option<&Path>, workers: usize) -> anyhow::Result<()> {
     let _guard = init_logging();
-    let sim_config = match config {
-        None => SimConfig::default(),
-        Some(path) => {
+    let sim_config = match (scenario, config) {
+        (Some(name), _) => SimConfig::scenario(name)?,
+        (None, Some(path)) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-            yaml_serde::from_str(&text)
-                .with_context(|| format!("{} is not a valid simulator config", path.display()))?
+            SimConfig::from_yaml(&text)
+                .map_err(|e| anyhow::anyhow!("{} is not a valid simulator config: {e}", path.display()))?
         }
+        (None, None) => SimConfig::default(),
     };
     let rt = runtime(workers)?;
     rt.block_on(async {
         let sim = Simulator::start(listen, sim_config).with_context(|| format!("cannot listen on {listen}"))?;
+        if let Some(name) = scenario {
+            tracing::info!(scenario = name, "{}", sim.state.description());
+        }
         tracing::info!(openai = %sim.openai_url(), anthropic = %sim.anthropic_url(), "simulator listening");
         tokio::select! {
             _ = sim.wait() => {}

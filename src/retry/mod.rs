@@ -43,9 +43,15 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// Status and body both match.
+    /// Status and body both match. Status 200 here is an error that came
+    /// inside a `200` stream without a status of its own (an error frame):
+    /// a rule with body substrings matches it by those alone, so the rule
+    /// written for a vendor's `400 TM.00001041` also catches the same
+    /// refusal sent as `200` + error frame.
     pub fn matches(&self, status: u16, body: &str) -> bool {
-        let status_ok = self.on_status.is_empty() || self.on_status.contains(&status);
+        let status_ok = self.on_status.is_empty()
+            || self.on_status.contains(&status)
+            || (status == 200 && !self.on_body_contains.is_empty());
         let body_ok = self.on_body_contains.is_empty()
             || self.on_body_contains.iter().any(|s| !s.is_empty() && body.contains(s.as_str()));
         status_ok && body_ok

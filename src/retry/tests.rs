@@ -101,6 +101,20 @@ fn seed_003_rule_semantics() {
             "anything",
             true,
         ),
+        (
+            "error frame without a status: matched by body alone",
+            Rules { retry: vec![rule(&[400], &["TM.00001041"], None, Some(5))], ..Default::default() },
+            200,
+            tm,
+            true,
+        ),
+        (
+            "error frame without a status: a status-only rule does not match",
+            Rules { retry: vec![rule(&[400], &[], None, Some(5))], ..Default::default() },
+            200,
+            tm,
+            false,
+        ),
     ];
     for (name, rules, status, body, want) in cases {
         let m = rules.find(*status, body);

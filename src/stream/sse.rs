@@ -185,7 +185,7 @@ fn openai(
     let Ok(chunk) = serde_json::from_str::<OaChunk<'_>>(data) else {
         return Kind::Content;
     };
-    if chunk.error.is_some() {
+    if chunk.error.is_some() || (chunk.choices.is_empty() && chunk.usage.is_none() && is_vendor_error(data)) {
         return Kind::Error;
     }
     if let Some(u) = chunk.usage {
@@ -206,6 +206,17 @@ fn openai(
         }
     }
     Kind::Content
+}
+
+/// A chunk with no `choices` that is an error object in a vendor's own
+/// shape (`{"error_code":"TM.00001041","error_msg":...}`,
+/// `{"code":..,"message":..}`): a key starting with "error", or a code
+/// with a message. Only chunks without `choices` get here.
+fn is_vendor_error(data: &str) -> bool {
+    let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(data) else { return false };
+    let has = |k: &str| map.keys().any(|key| key.eq_ignore_ascii_case(k));
+    map.keys().any(|k| k.to_ascii_lowercase().starts_with("error"))
+        || ((has("code") || has("status")) && (has("message") || has("msg")))
 }
 
 fn anthropic(text: &mut TextSink<'_>, usage: &mut Usage, tool_call: &mut bool, name: Option<&str>, data: &str) -> Kind {
@@ -388,6 +399,20 @@ mod tests {
         assert_eq!(*kinds.last().unwrap(), Kind::Done);
         assert_eq!(s.seen.text, "tok0 tok1 ");
         assert_eq!(s.seen.usage, Usage { input: Some(10), output: Some(2) });
+    }
+
+    #[test]
+    fn vendor_error_objects_are_errors_usage_chunks_are_not() {
+        let vendor = br#"data: {"error_code":"TM.00001041","error_msg":"3 sessions max"}
+
+"#;
+        let (s, kinds) = scan_all(Protocol::OpenAi, vendor, 7);
+        assert_eq!(kinds, vec![Kind::Error]);
+        assert!(s.seen.error.is_some());
+        let coded = b"data: {\"code\":1302,\"msg\":\"busy\"}\n\n";
+        assert_eq!(scan_all(Protocol::OpenAi, coded, 64).1, vec![Kind::Error]);
+        let usage = b"data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\n";
+        assert_eq!(scan_all(Protocol::OpenAi, usage, 64).1, vec![Kind::Content]);
     }
 
     #[test]

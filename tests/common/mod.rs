@@ -18,6 +18,7 @@ pub fn sim(models: &[(&str, Behavior)]) -> Simulator {
         models: models.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<HashMap<_, _>>(),
         record: true,
         seed: 7,
+        ..Default::default()
     };
     Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
 }

@@ -51,12 +51,21 @@ pub struct Behavior {
     pub first_chunk_delay_ms: u64,
     /// Cut the connection after this many stream events (a mid-stream drop).
     pub drop_after: Option<usize>,
-    /// Answer `429` "model concurrency limit exceeded" (code 3009, no
-    /// `Retry-After`) whenever more than this many requests are in flight.
+    /// Refuse requests whenever more than this many to this model are in
+    /// flight, with `over_limit` / `over_limit_stream`.
     pub reject_over: Option<usize>,
-    /// Share of requests answered `503 overloaded` at random (seeded by
+    /// The refusal for a request over `reject_over` (default: `429`
+    /// "model concurrency limit exceeded", code 3009, no `Retry-After`).
+    pub over_limit: Option<Fault>,
+    /// The refusal for a *streaming* request over `reject_over` (default:
+    /// `over_limit`); e.g. `mode: error_frame` for vendors that answer
+    /// `200` and a stream holding only an error.
+    pub over_limit_stream: Option<Fault>,
+    /// Share of requests refused at random with `fail_with` (seeded by
     /// `SimConfig::seed`, so runs repeat).
     pub fail_rate: f64,
+    /// The random refusal (default: `503` "The server is overloaded").
+    pub fail_with: Option<Fault>,
     /// Prefix each stream event with a `: ts=<unix µs>` comment taken when
     /// it is sent (for measuring per-event latency through a proxy).
     pub stamp: bool,
@@ -154,17 +163,22 @@ impl Default for Behavior {
             first_chunk_delay_ms: 0,
             drop_after: None,
             reject_over: None,
+            over_limit: None,
+            over_limit_stream: None,
             fail_rate: 0.0,
+            fail_with: None,
             stamp: false,
             script: Vec::new(),
         }
     }
 }
 
-/// The whole simulator setup.
+/// The whole simulator setup (a scenario file has this shape).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SimConfig {
+    /// What the scenario shows (printed by `tidegate simulate`).
+    pub description: String,
     /// Behaviour for models not listed in `models`.
     pub default: Behavior,
     /// Behaviour per model name.
@@ -173,6 +187,50 @@ pub struct SimConfig {
     pub record: bool,
     /// Seed of the random faults (`fail_rate`).
     pub seed: u64,
+}
+
+/// Named fault scenarios (`tidegate simulate --scenario NAME`, the demo,
+/// the tests): each is a [`SimConfig`] written as YAML in
+/// `src/simulate/scenarios/`, so a scenario is data.
+pub const SCENARIOS: &[(&str, &str)] = &[
+    ("healthy", include_str!("scenarios/healthy.yaml")),
+    ("capacity", include_str!("scenarios/capacity.yaml")),
+    ("overloaded", include_str!("scenarios/overloaded.yaml")),
+    ("quirks", include_str!("scenarios/quirks.yaml")),
+];
+
+/// Why a simulator config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// No scenario has this name.
+    #[error("no scenario {name:?}; scenarios: {}", SCENARIOS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "))]
+    Unknown {
+        /// The name asked for.
+        name: String,
+    },
+    /// The YAML does not describe a simulator config.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl SimConfig {
+    /// The named built-in scenario.
+    pub fn scenario(name: &str) -> Result<SimConfig, ScenarioError> {
+        let (_, text) =
+            SCENARIOS.iter().find(|(n, _)| *n == name).ok_or_else(|| ScenarioError::Unknown { name: name.into() })?;
+        Self::from_yaml(text)
+    }
+
+    /// A simulator config from YAML (the shape of the scenario files);
+    /// errors name the field.
+    pub fn from_yaml(text: &str) -> Result<SimConfig, ScenarioError> {
+        let tree: yaml_serde::Value = yaml_serde::from_str(text).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
+        serde_path_to_error::deserialize(tree).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            ScenarioError::Invalid(if path == "." { inner } else { format!("{path}: {inner}") })
+        })
+    }
 }
 
 /// One request as the simulator received it.
@@ -195,6 +253,8 @@ pub struct SimState {
     received: Mutex<Vec<Received>>,
     served: Mutex<HashMap<String, usize>>,
     rng: Mutex<Option<fastrand::Rng>>,
+    /// Per model: requests in flight now, and the most seen.
+    per_model: Mutex<HashMap<String, (usize, usize)>>,
     /// Requests being answered right now.
     pub in_flight: AtomicUsize,
     /// Highest `in_flight` seen.
@@ -208,6 +268,16 @@ pub struct SimState {
 }
 
 impl SimState {
+    /// The most requests to `model` that were in flight at once.
+    pub fn max_in_flight_of(&self, model: &str) -> usize {
+        self.per_model.lock().map_or(0, |m| m.get(model).map_or(0, |(_, max)| *max))
+    }
+
+    /// What the running scenario shows.
+    pub fn description(&self) -> &str {
+        &self.config.description
+    }
+
     /// Requests received so far (only with `record: true`).
     pub fn received(&self) -> Vec<Received> {
         self.received.lock().map(|r| r.clone()).unwrap_or_default()
@@ -272,14 +342,27 @@ async fn anthropic(State(state): State<Arc<SimState>>, req: Request) -> Response
 struct Flight {
     state: Arc<SimState>,
     done: bool,
+    model: Option<String>,
 }
 
 impl Flight {
     fn new(state: Arc<SimState>) -> Self {
         let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         state.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        Self { state, done: false }
+        Self { state, done: false, model: None }
     }
+
+    /// Counts the request against its model too; returns how many
+    /// requests to that model are in flight, this one included.
+    fn of_model(&mut self, model: &str) -> usize {
+        self.model = Some(model.to_owned());
+        let Ok(mut per_model) = self.state.per_model.lock() else { return 0 };
+        let (now, max) = per_model.entry(model.to_owned()).or_default();
+        *now += 1;
+        *max = (*max).max(*now);
+        *now
+    }
+
     fn finish(mut self) {
         self.done = true;
     }
@@ -288,13 +371,18 @@ impl Flight {
 impl Drop for Flight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if let (Some(model), Ok(mut per_model)) = (self.model.take(), self.state.per_model.lock()) {
+            if let Some((now, _)) = per_model.get_mut(&model) {
+                *now = now.saturating_sub(1);
+            }
+        }
         let counter = if self.done { &self.state.completed } else { &self.state.cancelled };
         counter.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Response {
-    let flight = Flight::new(state.clone());
+    let mut flight = Flight::new(state.clone());
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     if state.config.record {
@@ -319,15 +407,18 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
             .map_or(1.0, |mut r| r.get_or_insert_with(|| fastrand::Rng::with_seed(state.config.seed)).f64());
         if roll < behavior.fail_rate {
             flight.finish();
-            let body = r#"{"error":{"message":"The server is overloaded","type":"overloaded"}}"#;
-            return respond(StatusCode::SERVICE_UNAVAILABLE, "application/json", Body::from(body));
+            return deliver(protocol, behavior.fail_with.as_ref().unwrap_or(&OVERLOADED));
         }
     }
-    if behavior.reject_over.is_some_and(|n| state.in_flight.load(Ordering::SeqCst) > n) {
+    let of_model = flight.of_model(&head.model);
+    if behavior.reject_over.is_some_and(|n| of_model > n) {
         state.rejected.fetch_add(1, Ordering::SeqCst);
         flight.finish();
-        let body = r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#;
-        return respond(StatusCode::TOO_MANY_REQUESTS, "application/json", Body::from(body));
+        let fault = match (head.stream, &behavior.over_limit_stream, &behavior.over_limit) {
+            (true, Some(f), _) | (_, _, Some(f)) => f,
+            _ => &CONCURRENCY_3009,
+        };
+        return deliver(protocol, fault);
     }
     let nth = match state.served.lock() {
         Ok(mut served) => {
@@ -344,33 +435,13 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
     let mut error_after: Option<(usize, &str)> = None;
     if let Some(fault) = behavior.script.get(nth) {
         match fault.mode {
-            FaultMode::Http => {}
             FaultMode::ErrorMidStream => error_after = Some((usize::from(fault.status), fault.body.as_str())),
             FaultMode::DropAfter => drop_after = Some(usize::from(fault.status)),
-            FaultMode::ErrorFrame => {
+            FaultMode::Http | FaultMode::ErrorFrame | FaultMode::EmptyStream => {
                 flight.finish();
-                let frame = match protocol {
-                    Protocol::OpenAi => format!("data: {}\n\ndata: [DONE]\n\n", fault.body),
-                    Protocol::Anthropic => format!("event: error\ndata: {}\n\n", fault.body),
-                };
-                return respond(StatusCode::OK, "text/event-stream", Body::from(frame));
-            }
-            FaultMode::EmptyStream => {
-                flight.finish();
-                return respond(StatusCode::OK, "text/event-stream", Body::empty());
+                return deliver(protocol, fault);
             }
         }
-    }
-    if let Some(fault) = behavior.script.get(nth).filter(|f| f.mode == FaultMode::Http) {
-        flight.finish();
-        let status = StatusCode::from_u16(fault.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = respond(status, &fault.content_type, Body::from(fault.body.clone()));
-        for (k, v) in &fault.headers {
-            if let (Ok(k), Ok(v)) = (http::HeaderName::try_from(k.as_str()), http::HeaderValue::try_from(v.as_str())) {
-                resp.headers_mut().insert(k, v);
-            }
-        }
-        return resp;
     }
     if let Some(status) = behavior.status {
         flight.finish();
@@ -400,6 +471,43 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
     }
     flight.finish();
     respond(StatusCode::OK, "application/json", Body::from(json_answer(protocol, &head.model, behavior.chunks)))
+}
+
+/// The simulator's default answer to a request over `reject_over`: the
+/// seed 001 vendor's concurrency cap, no `Retry-After`.
+static CONCURRENCY_3009: std::sync::LazyLock<Fault> = std::sync::LazyLock::new(|| {
+    Fault::new(429, r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#)
+});
+
+/// The default random failure.
+static OVERLOADED: std::sync::LazyLock<Fault> = std::sync::LazyLock::new(|| {
+    Fault::new(503, r#"{"error":{"message":"The server is overloaded","type":"overloaded"}}"#)
+});
+
+/// Delivers a fault that is a whole answer (`http`, `error_frame`,
+/// `empty_stream`); the stream-cutting modes need a stream and are sent as
+/// their plain HTTP answer here.
+fn deliver(protocol: Protocol, fault: &Fault) -> Response {
+    let mut resp = match fault.mode {
+        FaultMode::ErrorFrame => {
+            let frame = match protocol {
+                Protocol::OpenAi => format!("data: {}\n\ndata: [DONE]\n\n", fault.body),
+                Protocol::Anthropic => format!("event: error\ndata: {}\n\n", fault.body),
+            };
+            respond(StatusCode::OK, "text/event-stream", Body::from(frame))
+        }
+        FaultMode::EmptyStream => respond(StatusCode::OK, "text/event-stream", Body::empty()),
+        FaultMode::Http | FaultMode::DropAfter | FaultMode::ErrorMidStream => {
+            let status = StatusCode::from_u16(fault.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            respond(status, &fault.content_type, Body::from(fault.body.clone()))
+        }
+    };
+    for (k, v) in &fault.headers {
+        if let (Ok(k), Ok(v)) = (http::HeaderName::try_from(k.as_str()), http::HeaderValue::try_from(v.as_str())) {
+            resp.headers_mut().insert(k, v);
+        }
+    }
+    resp
 }
 
 /// Words of the answer already given in a trailing assistant message (a
@@ -572,5 +680,22 @@ impl http_body::Body for SseBody {
 
     fn size_hint(&self) -> SizeHint {
         SizeHint::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_parses_and_describes_itself() {
+        for (name, _) in SCENARIOS {
+            let config = SimConfig::scenario(name).unwrap_or_else(|e| panic!("scenario {name}: {e}"));
+            assert!(config.description.len() > 40, "scenario {name} says what it shows");
+        }
+        let err = SimConfig::scenario("nope").unwrap_err().to_string();
+        assert!(err.contains("capacity") && err.contains("healthy"), "{err}");
+        let err = SimConfig::from_yaml("default: { latncy_ms: 5 }").unwrap_err().to_string();
+        assert!(err.starts_with("default.latncy_ms: unknown field"), "{err}");
     }
 }
