@@ -125,9 +125,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
 
     let sim = Simulator::start(loopback(), scenario).context("cannot start the simulator")?;
     let _ = std::fs::remove_file(&options.journal);
-    let config = Config::parse(&gateway_yaml(&sim, &options.journal), &|_| None)
-        .map_err(|e| anyhow::anyhow!("demo config: {e}"))?;
-    let gateway = crate::server::start(config).await?;
+    let gateway = crate::server::start(gateway_config(&sim, &options.journal)?).await?;
     let base = format!("http://{}", gateway.addr);
     let through = burst(n, &aim(format!("{base}/v1"), base), bar("through tidegate")).await;
     let behind = read_journal(&options.journal, n).await;
@@ -139,29 +137,20 @@ fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-/// tidegate in front of the simulator: demo-gpt fails over to a backup
-/// target and learns the undeclared cap; demo-claude's cap is declared,
-/// so bursts queue instead of being refused.
-fn gateway_yaml(sim: &Simulator, journal: &std::path::Path) -> String {
-    format!(
-        r#"listen: 127.0.0.1:0
-journal: "{journal}"
-defaults:
-  retry: {{ max_attempts: 12, base_delay: 100ms, max_delay: 2s }}
-upstreams:
-  - {{ name: sim-openai, protocol: openai, base_url: "{openai}" }}
-  - {{ name: sim-openai-backup, protocol: openai, base_url: "{openai}" }}
-  - {{ name: sim-anthropic, protocol: anthropic, base_url: "{anthropic}", max_concurrent: 3 }}
-models:
-  demo-gpt:
-    targets: [{{ upstream: sim-openai }}, {{ upstream: sim-openai-backup, model: demo-gpt-backup }}]
-  demo-claude:
-    targets: [{{ upstream: sim-anthropic }}]
-"#,
-        journal = journal.display(),
-        openai = sim.openai_url(),
-        anthropic = sim.anthropic_url(),
-    )
+/// The README's "try it offline" config, which the demo runs as is, with
+/// its own simulator address, port and journal filled in.
+pub const TRY_CONFIG: &str = include_str!("../examples/try.yaml");
+
+fn gateway_config(sim: &Simulator, journal: &std::path::Path) -> anyhow::Result<Config> {
+    let sim_addr = sim.addr.to_string();
+    let journal = journal.display().to_string();
+    let lookup = |name: &str| match name {
+        "TRY_LISTEN" => Some("127.0.0.1:0".to_owned()),
+        "TRY_SIM" => Some(sim_addr.clone()),
+        "TRY_JOURNAL" => Some(journal.clone()),
+        _ => None,
+    };
+    Config::parse(TRY_CONFIG, &lookup).map_err(|e| anyhow::anyhow!("examples/try.yaml: {e}"))
 }
 
 /// Where a burst goes: base URLs as the SDKs take them and the model each

@@ -216,7 +216,14 @@ fn serve(path: &Path, workers: Option<usize>, listen: Option<SocketAddr>) -> any
         config.listen = listen;
     }
     for u in &config.upstreams {
-        if u.api_key.is_empty() {
+        // A local model server (or the simulator) usually needs no key.
+        let local = match u.base_url.host() {
+            Some(url::Host::Domain(d)) => d == "localhost",
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            None => false,
+        };
+        if u.api_key.is_empty() && !local {
             tracing::warn!(upstream = %u.name, "upstream has no api_key; the provider will reject requests");
         }
     }

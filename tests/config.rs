@@ -183,3 +183,30 @@ fn rules_and_deadlines_reach_the_typed_config() {
     assert_eq!(c.retry.max_attempts, 6);
     assert!(c.stop_client_retries);
 }
+
+#[test]
+fn cli_errors_are_one_line_with_the_fix() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("t.yaml");
+    std::fs::write(&config, format!(
+            "listen: {addr}\njournal: \"off\"\nupstreams: [{{ name: u, protocol: openai, base_url: \"http://127.0.0.1:9/v1\" }}]\nmodels: {{ m: {{ targets: [{{ upstream: u }}] }} }}\n"
+        )).unwrap();
+    let out = bin().args(["serve", "--config"]).arg(&config).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().find(|l| l.starts_with("tidegate: ")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(line.contains(&addr) && line.contains("--listen"), "{line}");
+    assert_eq!(line.matches("in use").count(), 1, "said once: {line}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+
+    let out = bin().args(["simulate", "--scenario", "nope"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("scenarios: healthy, capacity"), "{stderr}");
+
+    let out = bin().args(["log", "--journal"]).arg(dir.path().join("none.db")).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("send a request first"), "{stderr}");
+}

@@ -97,12 +97,12 @@ pub enum StartError {
     #[error(transparent)]
     Build(#[from] BuildError),
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {error}{}", if error.kind() == std::io::ErrorKind::AddrInUse { " (another process has that port: stop it, or choose another address with --listen)" } else { "" })]
     Bind {
         /// Address tried.
         addr: SocketAddr,
-        /// OS error.
-        source: std::io::Error,
+        /// OS error (not a `source`: the message already says it).
+        error: std::io::Error,
     },
 }
 
@@ -110,8 +110,8 @@ pub enum StartError {
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let addr = config.listen;
     let gateway = Arc::new(Gateway::new(config)?);
-    let listener = listen::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+    let listener = listen::bind(addr).map_err(|error| StartError::Bind { addr, error })?;
+    let addr = listener.local_addr().map_err(|error| StartError::Bind { addr, error })?;
     let task = tokio::spawn(listen::serve(listener, router(gateway)));
     Ok(Running { addr, task })
 }
