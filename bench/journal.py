@@ -1,0 +1,84 @@
+"""Journal cost: tidegate's saturated throughput with the journal on vs off,
+same run, same machine (issue 7's target: on/off >= 0.95).
+
+Both gateways (one runtime thread each) are pinned to CPU 0, the simulator
+and wrk to CPU 1; the two are measured in alternation, REPS times each, and
+the medians compared. Afterwards the journal's rows are counted against the
+requests wrk reports, so a journal that "keeps up" by dropping rows shows.
+
+WRITER_CORES=0,1 lets the journal-on gateway's writer thread (only that
+thread) run on either core: the figure for a deployment where the SQLite
+writer does not share the proxy's one core. The default keeps it on CPU 0.
+
+Usage: python3 bench/journal.py   (after bench/run.sh has built the binary)
+"""
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+import json
+
+sys.path.insert(0, os.path.dirname(__file__))
+from run import BIN, BODY, TMP, med, start, stop, wait_port, write, wrk_rps  # noqa: E402
+
+SIM, OFF, ON = 19020, 19021, 19022
+REPS = int(os.environ.get("REPS", 5))
+
+
+def main():
+    sim_cfg = write("jsim.yaml", "record: false\nmodels:\n  bench: { chunks: 5 }\n")
+    db = os.path.join(TMP, "journal-bench.db")
+    cfg = """
+listen: 127.0.0.1:{port}
+journal: {journal}
+admin_key: bench-admin
+upstreams:
+  - {{ name: sim, protocol: openai, base_url: "http://127.0.0.1:{sim}/v1" }}
+models:
+  bench: {{ targets: [{{ upstream: sim }}] }}
+"""
+    off = write("joff.yaml", cfg.format(port=OFF, journal='"off"', sim=SIM))
+    on = write("jon.yaml", cfg.format(port=ON, journal=db, sim=SIM))
+    env = {"RUST_LOG": "info", "NO_COLOR": "1"}
+    procs = []
+    results = {"off": [], "on": []}
+    try:
+        procs.append(start([BIN, "simulate", "--listen", f"127.0.0.1:{SIM}", "--workers", "1", "--config", sim_cfg],
+                           1, {"RUST_LOG": "warn"}, "jsim.log"))
+        procs.append(start([BIN, "serve", "--config", off, "--workers", "1"], 0, env, "joff.log"))
+        procs.append(start([BIN, "serve", "--config", on, "--workers", "1"], 0, env, "jon.log"))
+        for port in (SIM, OFF, ON):
+            wait_port(port)
+        cores = os.environ.get("WRITER_CORES")
+        if cores:
+            warm = urllib.request.Request(f"http://127.0.0.1:{ON}/v1/chat/completions", data=BODY.encode(),
+                                          headers={"content-type": "application/json"})
+            urllib.request.urlopen(warm).read()  # the writer thread exists from start; this proves it works
+            pid = procs[-1].pid
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                if open(f"/proc/{pid}/task/{tid}/comm").read().strip().startswith("tidegate-journ"):
+                    subprocess.run(["taskset", "-p", "-c", cores, tid], check=True, capture_output=True)
+                    print(f"journal writer thread {tid} may run on CPUs {cores}", file=sys.stderr)
+        print(f"# journal on vs off ({REPS} reps, medians; files in {TMP})", file=sys.stderr)
+        for rep in range(REPS):
+            for name, port in (("off", OFF), ("on", ON)):
+                results[name].append(wrk_rps(port, BODY))
+        time.sleep(2)  # let the writer drain
+        req = urllib.request.Request(f"http://127.0.0.1:{ON}/admin/upstreams",
+                                     headers={"authorization": "Bearer bench-admin"})
+        dropped = json.load(urllib.request.urlopen(req)).get("journal_dropped_rows")
+    finally:
+        stop(procs)
+    rows = sqlite3.connect(db).execute("SELECT count(*) FROM requests").fetchone()[0]
+    off_rps, on_rps = med(results["off"]), med(results["on"])
+    print(f"journal off: {off_rps:,.0f} req/s   (runs: {', '.join(f'{r:,.0f}' for r in results['off'])})")
+    print(f"journal on:  {on_rps:,.0f} req/s   (runs: {', '.join(f'{r:,.0f}' for r in results['on'])})")
+    print(f"ratio on/off: {on_rps / off_rps:.3f}  (target >= 0.95)")
+    print(f"journal rows: {rows:,}; rows dropped: {dropped}")
+
+
+if __name__ == "__main__":
+    main()
