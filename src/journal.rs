@@ -161,6 +161,9 @@ CREATE TABLE IF NOT EXISTS attempts (
     request_id TEXT NOT NULL, n INTEGER NOT NULL,
     upstream TEXT NOT NULL, status INTEGER, class TEXT, summary TEXT NOT NULL, verdict TEXT NOT NULL,
     wait_ms REAL, PRIMARY KEY (request_id, n)) WITHOUT ROWID;
+-- The requests worth looking for (not completed) by outcome, newest first;
+-- partial, so the common completed row costs this index nothing.
+CREATE INDEX IF NOT EXISTS requests_by_outcome ON requests (outcome, id) WHERE outcome <> 'completed';
 ";
 
 fn open(path: &Path) -> rusqlite::Result<Connection> {
@@ -373,20 +376,50 @@ fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
 const COLUMNS: &str = "id, ts_ms, client, model, stream, outcome, status, class, error, targets, queue_ms, ttfb_ms, \
                        total_ms, tokens_in, tokens_out, partial, n_attempts, anomaly";
 
-/// Requests matching `q`, newest first (attempts not loaded).
+/// Requests matching `q`, newest first (attempts not loaded). Every
+/// filter narrows a key range or an index, so a dashboard polling a
+/// journal of millions of rows reads only what it shows: `since` is an id
+/// range (ids are time-ordered), an outcome other than `completed` uses
+/// the partial outcome index.
 pub fn list(path: &Path, q: &Query) -> rusqlite::Result<Vec<Row>> {
+    if !path.exists() {
+        return Ok(Vec::new()); // nothing journaled yet
+    }
     let conn = read_only(path)?;
-    let sql = format!(
-        "SELECT {COLUMNS} FROM requests WHERE (?1 IS NULL OR outcome = ?1) AND (?2 IS NULL OR model = ?2)
-         AND (?3 IS NULL OR ts_ms >= ?3) ORDER BY id DESC LIMIT ?4"
-    );
+    let mut sql = format!("SELECT {COLUMNS} FROM requests WHERE id >= ?1");
+    if q.outcome.is_some() {
+        sql.push_str(" AND outcome = ?2");
+        if q.outcome.as_deref() != Some("completed") {
+            sql.push_str(" AND outcome <> 'completed'");
+        }
+    }
+    if q.model.is_some() {
+        sql.push_str(" AND model = ?3");
+    }
+    sql.push_str(" ORDER BY id DESC LIMIT ?4");
+    let from = q.since_ms.map_or_else(String::new, id_at);
     let mut stmt = conn.prepare(&sql)?;
-    let rows = stmt.query_map(params![q.outcome, q.model, q.since_ms, q.limit], row_from)?;
-    rows.collect()
+    let mut bind = stmt.raw_bind_parameter(1, &from).and(stmt.raw_bind_parameter(4, q.limit));
+    if let Some(outcome) = &q.outcome {
+        bind = bind.and(stmt.raw_bind_parameter(2, outcome));
+    }
+    if let Some(model) = &q.model {
+        bind = bind.and(stmt.raw_bind_parameter(3, model));
+    }
+    bind?;
+    let mut rows = stmt.raw_query();
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push(row_from(r)?);
+    }
+    Ok(out)
 }
 
 /// One request with its attempts.
 pub fn get(path: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
+    if !path.exists() {
+        return Ok(None);
+    }
     let conn = read_only(path)?;
     let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM requests WHERE id = ?1"))?;
     let mut rows = stmt.query_map(params![id], row_from)?;
@@ -465,5 +498,55 @@ mod tests {
         assert_eq!(stored, 2, "only the retried request's attempts are rows");
         assert_eq!(get(&path, "a").unwrap().unwrap().attempts, plain.attempts);
         assert_eq!(get(&path, "b").unwrap().unwrap().attempts, twice.attempts);
+    }
+
+    #[test]
+    fn list_filters_use_key_ranges_and_the_outcome_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        assert!(list(&path, &Query { limit: 5, ..Default::default() }).unwrap().is_empty(), "no file yet: empty");
+        let mut conn = open(&path).unwrap();
+        let now = jiff::Timestamp::now().as_millisecond();
+        let v7 = |ms: i64| {
+            let ts = uuid::Timestamp::from_unix(uuid::NoContext, (ms / 1000) as u64, ((ms % 1000) * 1_000_000) as u32);
+            uuid::Uuid::new_v7(ts).to_string()
+        };
+        let rows: Vec<Row> = (0..20)
+            .map(|i| {
+                let ts = now - (20 - i) * 60_000;
+                let outcome = if i % 5 == 0 { "failed" } else { "completed" };
+                Row {
+                    outcome: outcome.into(),
+                    model: Some(if i % 2 == 0 { "a" } else { "b" }.into()),
+                    ..row(v7(ts), ts)
+                }
+            })
+            .collect();
+        insert(&mut conn, &rows).unwrap();
+        let ids = |q: Query| list(&path, &q).unwrap().into_iter().map(|r| r.id).collect::<Vec<_>>();
+        let want = |pick: &dyn Fn(usize) -> bool| {
+            rows.iter().enumerate().rev().filter(|(i, _)| pick(*i)).map(|(_, r)| r.id.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            ids(Query { outcome: Some("failed".into()), limit: 10, ..Default::default() }),
+            want(&|i| i % 5 == 0)
+        );
+        assert_eq!(
+            ids(Query { outcome: Some("completed".into()), model: Some("a".into()), limit: 3, ..Default::default() }),
+            want(&|i| i % 5 != 0 && i % 2 == 0)[..3].to_vec()
+        );
+        assert_eq!(
+            ids(Query { since_ms: Some(now - 5 * 60_000 - 1), limit: 50, ..Default::default() }),
+            want(&|i| i >= 15)
+        );
+        let plan: String = conn
+            .prepare("EXPLAIN QUERY PLAN SELECT id FROM requests WHERE id >= '' AND outcome = 'failed' AND outcome <> 'completed' ORDER BY id DESC LIMIT 5")
+            .unwrap()
+            .query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .unwrap()
+            .join(" / ");
+        assert!(plan.contains("requests_by_outcome"), "{plan}");
     }
 }

@@ -32,6 +32,7 @@ pub mod limits;
 pub mod logging;
 pub mod metrics;
 pub mod protocol;
+pub mod recent;
 pub mod relay;
 pub mod report;
 pub mod retry;

@@ -98,6 +98,8 @@ pub struct Sink {
     pub names: Arc<[String]>,
     /// Keep partial stream text.
     pub keep_partial: bool,
+    /// The dashboard's recent buckets.
+    pub recent: Arc<crate::recent::Recent>,
 }
 
 impl Report {
@@ -129,6 +131,8 @@ impl Report {
         for a in &self.attempts {
             sink.metrics.attempt(sink.names.get(a.upstream).map_or("-", String::as_str), a.verdict);
         }
+        let failed = self.attempts.iter().filter_map(|a| a.class.map(|c| (a.upstream, c)));
+        sink.recent.observe(self.attempts.last().map(|a| a.upstream), outcome, failed);
         sink.metrics.observe(&Sample {
             outcome,
             class: self.class.map_or("-", Class::as_str),

@@ -138,3 +138,53 @@ async fn metrics_count_requests_and_never_show_a_key() {
         assert!(!text.contains(secret), "a key in /metrics");
     }
 }
+
+#[tokio::test]
+async fn dashboard_page_is_static_and_its_data_needs_the_key() {
+    let sim = sim(&[("broken", Behavior { status: Some(500), ..Default::default() })]);
+    let models = "  broken:\n    targets: [{ upstream: sim-openai }]";
+    let gw = gateway(&yaml(
+        &sim,
+        "admin_key: adm-secret-1\ndefaults:\n  retry: { max_attempts: 2, base_delay: 5ms, max_delay: 10ms }",
+        "",
+        models,
+    ))
+    .await;
+    let page = client().get(url(&gw, "/ui")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let csp = page.headers()["content-security-policy"].to_str().unwrap().to_owned();
+    assert!(csp.contains("default-src 'self'"), "nothing fetched from elsewhere: {csp}");
+    let html = page.text().await.unwrap();
+    assert!(html.contains("id=\"login-form\"") && html.contains("/ui/app.js"), "{html}");
+    let js = client().get(url(&gw, "/ui/app.js")).send().await.unwrap();
+    assert_eq!(js.headers()["content-type"], "text/javascript; charset=utf-8");
+    let js = js.text().await.unwrap();
+    assert!(js.contains("sessionStorage") && !js.contains("innerHTML"), "key in session storage, data as text");
+    assert_eq!(client().get(url(&gw, "/ui/secret.txt")).send().await.unwrap().status(), 404);
+
+    assert_serves(&gw).await;
+    let failed = client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .body(r#"{"model":"broken","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(failed.status(), 502);
+
+    for key in [None, Some("wrong")] {
+        let mut req = client().get(url(&gw, "/admin/stats"));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 401);
+        assert!(!resp.text().await.unwrap().contains("sim-openai"));
+    }
+    let stats: Value =
+        client().get(url(&gw, "/admin/stats")).bearer_auth("adm-secret-1").send().await.unwrap().json().await.unwrap();
+    let openai = &stats["upstreams"][0];
+    assert_eq!(openai["name"], "sim-openai");
+    let sum = |k: &str| openai["buckets"].as_array().unwrap().iter().map(|b| b[k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((sum("completed"), sum("failed"), sum("transient")), (1, 1, 2), "{stats}");
+    assert_eq!(stats["upstreams"][1]["name"], "sim-anthropic");
+}

@@ -266,7 +266,9 @@ pub(super) fn refused(upstream: &Upstream, refused: Refused, attempts: usize, el
 }
 
 fn secs(d: Duration) -> String {
-    if d < Duration::from_secs(10) {
+    if d < Duration::from_millis(100) {
+        format!("{}ms", d.as_millis())
+    } else if d < Duration::from_secs(10) {
         format!("{:.1}s", d.as_secs_f64())
     } else {
         format!("{}s", d.as_secs_f64().round() as u64)

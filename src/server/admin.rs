@@ -77,6 +77,15 @@ pub async fn request(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Path(id
     }
 }
 
+/// `GET /admin/stats`: the last five minutes per upstream in 10-second
+/// buckets (requests by outcome, failed attempts by class), from memory.
+pub async fn stats(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if !authorized(&gw, &headers) {
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
+    }
+    json_response(&gw.recent.snapshot())
+}
+
 /// `1h`, `30m` back from now, or an RFC 3339 instant, as unix ms.
 pub fn parse_since(text: &str) -> Option<i64> {
     if let Ok(d) = humantime::parse_duration(text) {

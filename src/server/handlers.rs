@@ -67,6 +67,7 @@ async fn proxy(gw: Arc<Gateway>, protocol: Protocol, req: Request) -> Response {
         metrics: gw.metrics.clone(),
         names: gw.names.clone(),
         keep_partial: gw.config.keep_partial,
+        recent: gw.recent.clone(),
     });
     let (parts, body) = req.into_parts();
     let job = match prepare(&gw, protocol, parts, body, &mut report).await {

@@ -8,6 +8,7 @@ pub mod admin;
 mod auth;
 mod handlers;
 pub mod listen;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use crate::anomaly::Anomaly;
 use crate::config::Config;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
+use crate::recent::Recent;
 use crate::retry::RetryBudget;
 use crate::upstream::{BuildError, Upstream};
 
@@ -37,6 +39,8 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     /// Per-client flood warnings.
     pub anomaly: Anomaly,
+    /// The last minutes per upstream, for the dashboard.
+    pub recent: Arc<Recent>,
 }
 
 impl Gateway {
@@ -51,7 +55,9 @@ impl Gateway {
         let names = upstreams.iter().map(|u| u.config.name.clone()).collect();
         let metrics = Metrics::new(config.models.keys().cloned()).map_err(|e| BuildError::Metrics(e.to_string()))?;
         let anomaly = Anomaly::new(config.anomaly.clone());
-        Ok(Self { config, upstreams, journal, names, metrics: Arc::new(metrics), anomaly })
+        let names: Arc<[String]> = names;
+        let recent = Arc::new(Recent::new(names.clone()));
+        Ok(Self { config, upstreams, journal, names, metrics: Arc::new(metrics), anomaly, recent })
     }
 }
 
@@ -66,6 +72,9 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/admin/upstreams", get(admin::upstreams))
         .route("/admin/requests", get(admin::requests))
         .route("/admin/requests/{id}", get(admin::request))
+        .route("/admin/stats", get(admin::stats))
+        .route("/ui", get(ui::page))
+        .route("/ui/{file}", get(ui::asset))
         .fallback(handlers::fallback)
         .with_state(gateway)
 }
