@@ -43,6 +43,9 @@ pub enum Availability {
     Probe,
     /// Busy: usable, but others are preferred until this instant.
     Cooling(Instant),
+    /// The provider asked (`Retry-After`, a reset header) that nothing be
+    /// sent before this instant: new requests wait or go elsewhere.
+    Held(Instant),
     /// Broken: not before this instant.
     Open(Instant),
 }
@@ -66,6 +69,8 @@ enum Breaker {
 #[derive(Debug)]
 struct State {
     cooldown_until: Option<Instant>,
+    /// Set only by a provider's own wait hint (here or on another replica).
+    hold_until: Option<Instant>,
     streak: u32,
     breaker: Breaker,
 }
@@ -91,7 +96,10 @@ pub struct HealthSnapshot {
 impl Health {
     /// A healthy upstream.
     pub fn new(config: BreakerConfig) -> Self {
-        Self { config, state: Mutex::new(State { cooldown_until: None, streak: 0, breaker: Breaker::Closed }) }
+        Self {
+            config,
+            state: Mutex::new(State { cooldown_until: None, hold_until: None, streak: 0, breaker: Breaker::Closed }),
+        }
     }
 
     /// Whether a request may go now; claims the probe when half-open.
@@ -118,8 +126,9 @@ impl Health {
             Breaker::Open { until, .. } if now < until => Availability::Open(until),
             Breaker::HalfOpen { claimed: Some(at), period } if now < at + period => Availability::Open(at + period),
             Breaker::Open { .. } | Breaker::HalfOpen { .. } => Availability::Probe,
-            Breaker::Closed => match s.cooldown_until {
-                Some(until) if until > now => Availability::Cooling(until),
+            Breaker::Closed => match (s.hold_until, s.cooldown_until) {
+                (Some(until), _) if until > now => Availability::Held(until),
+                (_, Some(until)) if until > now => Availability::Cooling(until),
                 _ => Availability::Ready,
             },
         }
@@ -141,6 +150,9 @@ impl Health {
                 // Busy is not broken: cool down, do not count toward the breaker.
                 let until = now + hint.unwrap_or(Duration::from_secs(1));
                 s.cooldown_until = Some(s.cooldown_until.map_or(until, |u| u.max(until)));
+                if hint.is_some() {
+                    s.hold_until = Some(s.hold_until.map_or(until, |u| u.max(until)));
+                }
                 if let Breaker::HalfOpen { period, .. } = s.breaker {
                     s.breaker = Breaker::HalfOpen { claimed: None, period };
                 }
@@ -164,6 +176,32 @@ impl Health {
         if let Some(h) = hint {
             let until = now + h;
             s.cooldown_until = Some(s.cooldown_until.map_or(until, |u| u.max(until)));
+        }
+    }
+
+    /// Another replica announced a provider's wait (`hold`) or an open
+    /// breaker (`open`) with `left` to go: this replica holds off too.
+    /// Holds only extend; an open breaker opens a closed one.
+    pub fn absorb(&self, kind: &str, left: Duration, now: Instant) {
+        let Ok(mut s) = self.state.lock() else { return };
+        let until = now + left;
+        match kind {
+            "hold" => {
+                s.cooldown_until = Some(s.cooldown_until.map_or(until, |u| u.max(until)));
+                s.hold_until = Some(s.hold_until.map_or(until, |u| u.max(until)));
+            }
+            "open" if s.breaker == Breaker::Closed => s.breaker = Breaker::Open { until, period: left },
+            _ => {}
+        }
+    }
+
+    /// What to tell other replicas after a failure: an open breaker or a
+    /// provider's wait, and the time left, if either is in force.
+    pub fn announcement(&self, now: Instant) -> Option<(&'static str, Duration)> {
+        let s = self.state.lock().ok()?;
+        match s.breaker {
+            Breaker::Open { until, .. } if until > now => Some(("open", until - now)),
+            _ => s.hold_until.filter(|u| *u > now).map(|u| ("hold", u - now)),
         }
     }
 
@@ -197,9 +235,19 @@ mod tests {
         let t0 = Instant::now();
         h.on_failure(Class::Capacity, Some(Duration::from_secs(30)), t0);
         h.on_failure(Class::Capacity, Some(Duration::from_secs(5)), t0);
-        assert_eq!(h.check(t0 + Duration::from_secs(10)), Availability::Cooling(t0 + Duration::from_secs(30)));
+        // A provider's own wait holds new requests back, not just prefers others.
+        assert_eq!(h.check(t0 + Duration::from_secs(10)), Availability::Held(t0 + Duration::from_secs(30)));
         assert_eq!(h.check(t0 + Duration::from_secs(31)), Availability::Ready);
         assert_eq!(h.snapshot(t0).state, "cooling_down");
+        // Without a hint: a short cooldown that only sets preferences.
+        let h = Health::new(cfg());
+        h.on_failure(Class::Capacity, None, t0);
+        assert_eq!(h.check(t0), Availability::Cooling(t0 + Duration::from_secs(1)));
+        // Another replica's announcement holds this one too, extend-only.
+        h.absorb("hold", Duration::from_secs(5), t0);
+        h.absorb("hold", Duration::from_secs(2), t0);
+        assert_eq!(h.check(t0 + Duration::from_secs(3)), Availability::Held(t0 + Duration::from_secs(5)));
+        assert_eq!(h.announcement(t0), Some(("hold", Duration::from_secs(5))));
     }
 
     #[test]

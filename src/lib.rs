@@ -37,6 +37,7 @@ pub mod relay;
 pub mod report;
 pub mod retry;
 pub mod server;
+pub mod shared;
 pub mod simulate;
 pub mod stream;
 pub mod upstream;

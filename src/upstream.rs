@@ -57,6 +57,8 @@ pub struct Upstream {
     pub limiter: Arc<Limiter>,
     /// Cooldown and circuit breaker.
     pub health: Health,
+    /// Shared state, when replicas share limits and health.
+    pub shared: Option<Arc<crate::shared::SharedState>>,
     client: HttpClient,
     uri: Uri,
     auth: Option<(HeaderName, HeaderValue)>,
@@ -79,6 +81,9 @@ pub enum BuildError {
     /// Base URL plus path is not a valid URI.
     #[error("upstream {0}: invalid URL")]
     Url(String),
+    /// The shared state store could not be set up.
+    #[error(transparent)]
+    Shared(#[from] crate::shared::SharedError),
     /// Metrics could not be registered.
     #[error("metrics: {0}")]
     Metrics(String),
@@ -89,7 +94,11 @@ pub enum BuildError {
 
 impl Upstream {
     /// Builds the client and precomputes the request URI and auth header.
-    pub fn new(config: UpstreamConfig, budget: RetryBudget) -> Result<Self, BuildError> {
+    pub fn new(
+        config: UpstreamConfig,
+        budget: RetryBudget,
+        shared: Option<Arc<crate::shared::SharedState>>,
+    ) -> Result<Self, BuildError> {
         let uri: Uri = format!("{}{}", config.base_url.as_str().trim_end_matches('/'), config.protocol.upstream_path())
             .parse()
             .map_err(|_| BuildError::Url(config.name.clone()))?;
@@ -120,7 +129,11 @@ impl Upstream {
             .http1_read_buf_exact_size(READ_BUF)
             .build(https);
         Ok(Self {
-            limiter: Limiter::new(config.limits.clone()),
+            limiter: match &shared {
+                Some(state) => Limiter::shared(config.limits.clone(), state.clone(), &config.name),
+                None => Limiter::new(config.limits.clone()),
+            },
+            shared,
             health: Health::new(config.breaker.clone()),
             budget,
             config,

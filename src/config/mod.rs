@@ -46,6 +46,10 @@ pub struct Config {
     pub client_keys: Vec<ClientKey>,
     /// Key for `/admin`; `None` disables it.
     pub admin_key: Option<Secret>,
+    /// Redis URL for limits shared by replicas (may hold a password).
+    pub state: Option<Secret>,
+    /// Lease lifetime without renewal in shared state.
+    pub state_lease_ttl: Duration,
     /// Journal file; `None` when journaling is off.
     pub journal: Option<PathBuf>,
     /// Journal retention.

@@ -47,6 +47,12 @@ pub struct RawConfig {
     /// Key for the `/admin` endpoints; without it they answer 401.
     #[serde(default)]
     pub admin_key: Option<String>,
+    /// Shared limit state for several replicas: `redis://host:port/db`.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// How long a replica's concurrency lease lives without renewal.
+    #[serde(default)]
+    pub state_lease_ttl: Option<String>,
     /// Keys clients must present; empty means no client auth (loopback only).
     #[serde(default)]
     pub client_keys: Vec<RawClientKey>,

@@ -129,6 +129,20 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
     let stream_keepalive_every =
         duration("defaults.stream_keepalive_every", &d.stream_keepalive_every, Duration::from_secs(5), problems);
     let models = models(&raw, &upstreams, deadline, problems);
+    let state = match raw.state.as_deref() {
+        None | Some("") | Some("memory") => None,
+        Some(url) => match url::Url::parse(url) {
+            Ok(u) if matches!(u.scheme(), "redis" | "rediss") && u.host().is_some() => Some(Secret::new(url)),
+            _ => {
+                problems.push("state: not a URL like redis://127.0.0.1:6379/0 (or `memory`)".into());
+                None
+            }
+        },
+    };
+    let state_lease_ttl = duration("state_lease_ttl", &raw.state_lease_ttl, Duration::from_secs(15), problems);
+    if state_lease_ttl < Duration::from_secs(1) {
+        problems.push("state_lease_ttl: must be at least 1s".into());
+    }
     let listen = listen?;
     if upstreams.len() != raw.upstreams.len() {
         return None;
@@ -138,6 +152,8 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         workers: raw.workers,
         max_body,
         admin_key: raw.admin_key.as_deref().filter(|k| !k.is_empty()).map(Secret::new),
+        state,
+        state_lease_ttl,
         journal: match raw.journal.as_deref() {
             Some("off") | Some("") => None,
             Some(path) => Some(path.into()),

@@ -25,6 +25,8 @@ use tokio::time::Instant;
 use gcra::Gcra;
 use slots::{Lease, MemorySlots, Slots};
 
+use crate::shared::{SharedLease, SharedSlot, SharedState};
+
 /// An upstream's limits, from its config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitConfig {
@@ -161,12 +163,22 @@ pub struct Limiter {
     tpm: Option<Gcra>,
     effective: Mutex<f64>,
     queue: Mutex<Queue>,
+    shared: Option<Shared>,
+}
+
+/// This limiter's part of the shared state: the store, the upstream's
+/// name there, and the shared limit last seen.
+struct Shared {
+    state: Arc<SharedState>,
+    upstream: String,
+    limit: Mutex<Option<f64>>,
 }
 
 /// A held slot (and the tokens reserved for the request).
 pub struct Permit {
     limiter: Arc<Limiter>,
     lease: Option<Lease>,
+    shared: Option<SharedLease>,
     tokens: u64,
 }
 
@@ -174,8 +186,15 @@ impl Permit {
     /// Corrects the token reservation with the usage the upstream reported.
     pub fn settle(&mut self, used_tokens: u64) {
         if let Some(tpm) = &self.limiter.tpm {
-            tpm.adjust(used_tokens as i64 - self.tokens as i64, Instant::now());
+            let delta = used_tokens as i64 - self.tokens as i64;
+            tpm.adjust(delta, Instant::now());
             self.tokens = used_tokens;
+            if let (Some(shared), Some(limit)) = (&self.limiter.shared, self.limiter.config.tpm) {
+                if delta != 0 && shared.state.is_up() {
+                    let (state, upstream) = (shared.state.clone(), shared.upstream.clone());
+                    tokio::spawn(async move { state.adjust(&upstream, "tpm", delta, limit, MINUTE).await });
+                }
+            }
         }
     }
 }
@@ -183,10 +202,12 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
-            self.limiter.clone().release(lease);
+            self.limiter.clone().release(lease, self.shared.take());
         }
     }
 }
+
+const MINUTE: Duration = Duration::from_secs(60);
 
 /// Removes a waiter that gave up (deadline, client gone) from the queue.
 struct QueueSpot<'a> {
@@ -209,8 +230,22 @@ impl Limiter {
         Self::with_slots(config, Box::new(MemorySlots::default()))
     }
 
+    /// A limiter whose slots, rate buckets and adaptive limit are also
+    /// shared with other replicas through `state` (as `upstream`).
+    pub fn shared(config: LimitConfig, state: Arc<SharedState>, upstream: &str) -> Arc<Self> {
+        Self::build(
+            config,
+            Box::new(MemorySlots::default()),
+            Some(Shared { state, upstream: upstream.to_owned(), limit: Mutex::new(None) }),
+        )
+    }
+
     /// A limiter over any slot store.
     pub fn with_slots(config: LimitConfig, slots: Box<dyn Slots>) -> Arc<Self> {
+        Self::build(config, slots, None)
+    }
+
+    fn build(config: LimitConfig, slots: Box<dyn Slots>, shared: Option<Shared>) -> Arc<Self> {
         let minute = Duration::from_secs(60);
         let start = f64::from(config.max_concurrent.unwrap_or(config.adaptive_max).max(1));
         Arc::new_cyclic(|me| Self {
@@ -220,6 +255,7 @@ impl Limiter {
             effective: Mutex::new(start),
             queue: Mutex::new(Queue::default()),
             slots,
+            shared,
             config,
         })
     }
@@ -228,10 +264,36 @@ impl Limiter {
         f64::from(self.config.max_concurrent.unwrap_or(self.config.adaptive_max).max(1))
     }
 
-    /// The concurrency limit in force.
+    /// The concurrency limit in force (the shared one while shared state
+    /// is reachable).
     pub fn effective_limit(&self) -> u32 {
-        let eff = self.effective.lock().map_or(self.cap(), |e| *e);
+        let mut eff = self.effective.lock().map_or(self.cap(), |e| *e);
+        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up()) {
+            if let Some(limit) = shared.limit.lock().ok().and_then(|l| *l) {
+                eff = limit;
+            }
+        }
         (eff.floor() as u32).max(1)
+    }
+
+    /// Whether this limiter's state is shared with other replicas right now.
+    pub fn is_shared(&self) -> bool {
+        self.shared.as_ref().is_some_and(|s| s.state.is_up())
+    }
+
+    async fn rate_wait(&self, tokens: u64, now: Instant) -> Duration {
+        let mut wait = Duration::ZERO;
+        for (what, bucket, limit, cost) in
+            [("rpm", &self.rpm, self.config.rpm, 1), ("tpm", &self.tpm, self.config.tpm, tokens)]
+        {
+            let (Some(bucket), Some(limit)) = (bucket, limit) else { continue };
+            let shared = match &self.shared {
+                Some(s) => s.state.reserve(&s.upstream, what, cost, limit, MINUTE).await,
+                None => None,
+            };
+            wait = wait.max(shared.unwrap_or_else(|| bucket.reserve(cost, now)));
+        }
+        wait
     }
 
     /// Current state for the admin API and metrics.
@@ -244,16 +306,34 @@ impl Limiter {
     }
 
     /// Waits for the rate buckets and a slot, in turn with other clients,
-    /// until `deadline`. Cancel-safe: dropping the future leaves the queue.
+    /// until `deadline`; with shared state, then for a shared lease too.
+    /// Cancel-safe: dropping the future leaves the queues.
     pub async fn acquire(self: &Arc<Self>, client: &str, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
         let started = Instant::now();
-        let mut wait = Duration::ZERO;
-        if let Some(rpm) = &self.rpm {
-            wait = wait.max(rpm.reserve(1, started));
+        let mut permit = self.acquire_local(client, tokens, deadline).await?;
+        let Some(shared) = &self.shared else { return Ok(permit) };
+        match shared.state.acquire(&shared.upstream, self.cap() as u32, deadline).await {
+            SharedSlot::Leased(lease, limit) => {
+                permit.shared = Some(lease);
+                if let Ok(mut l) = shared.limit.lock() {
+                    // The script reports the whole number; keep the
+                    // fraction additive increase has reached if it agrees.
+                    let keep = l.filter(|old| old.floor() as u32 == limit);
+                    *l = Some(keep.unwrap_or(f64::from(limit)));
+                }
+                Ok(permit)
+            }
+            SharedSlot::Unavailable => Ok(permit),
+            SharedSlot::Deadline => {
+                drop(permit);
+                Err(Refused::Deadline { waited: started.elapsed(), retry_after: Duration::from_secs(1) })
+            }
         }
-        if let Some(tpm) = &self.tpm {
-            wait = wait.max(tpm.reserve(tokens, started));
-        }
+    }
+
+    async fn acquire_local(self: &Arc<Self>, client: &str, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
+        let started = Instant::now();
+        let wait = self.rate_wait(tokens, started).await;
         if !wait.is_zero() {
             if started + wait >= deadline {
                 return Err(Refused::Deadline { waited: Duration::ZERO, retry_after: wait });
@@ -266,7 +346,7 @@ impl Limiter {
             };
             if q.queued == 0 {
                 if let Some(lease) = self.slots.try_take(self.effective_limit()) {
-                    return Ok(Permit { limiter: self.clone(), lease: Some(lease), tokens });
+                    return Ok(Permit { limiter: self.clone(), lease: Some(lease), shared: None, tokens });
                 }
             }
             if q.queued >= self.config.max_queue {
@@ -300,6 +380,17 @@ impl Limiter {
         if !self.config.adaptive {
             return;
         }
+        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up()) {
+            // Every replica's leases count: the shared limit drops to ×0.75
+            // of what all of them hold.
+            let (state, upstream, cap) = (shared.state.clone(), shared.upstream.clone(), self.cap() as u32);
+            let me = self.me.clone();
+            tokio::spawn(async move {
+                if let (Some(limit), Some(me)) = (state.lower(&upstream, cap).await, me.upgrade()) {
+                    me.set_shared_limit(limit);
+                }
+            });
+        }
         if let Ok(mut eff) = self.effective.lock() {
             let lowered = (f64::from(held) * 0.75).max(1.0);
             if lowered < *eff {
@@ -314,6 +405,18 @@ impl Limiter {
         if !self.config.adaptive {
             return;
         }
+        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up()) {
+            let below = shared.limit.lock().ok().and_then(|l| *l).is_some_and(|l| l < self.cap());
+            if below {
+                let (state, upstream, cap) = (shared.state.clone(), shared.upstream.clone(), self.cap() as u32);
+                let me = self.me.clone();
+                tokio::spawn(async move {
+                    if let (Some(limit), Some(me)) = (state.grow(&upstream, cap).await, me.upgrade()) {
+                        me.set_shared_limit(limit);
+                    }
+                });
+            }
+        }
         if let Ok(mut eff) = self.effective.lock() {
             if *eff < self.cap() {
                 *eff = (*eff + 1.0 / *eff).min(self.cap());
@@ -321,14 +424,23 @@ impl Limiter {
         }
     }
 
-    /// Slots taken right now.
+    fn set_shared_limit(&self, limit: f64) {
+        if let Some(shared) = &self.shared {
+            if let Ok(mut l) = shared.limit.lock() {
+                *l = Some(limit);
+            }
+        }
+    }
+
+    /// Slots taken right now (by this replica).
     pub fn in_flight(&self) -> u32 {
         self.slots.taken()
     }
 
-    fn release(self: Arc<Self>, lease: Lease) {
+    fn release(self: Arc<Self>, lease: Lease, shared: Option<SharedLease>) {
         let delay = self.config.slot_release_delay;
         if delay.is_zero() {
+            drop(shared);
             self.give_back(lease);
             return;
         }
@@ -336,6 +448,7 @@ impl Limiter {
         // the slot frees later. The task only sleeps and gives back.
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
+            drop(shared);
             self.give_back(lease);
         });
     }
@@ -365,7 +478,7 @@ impl Limiter {
                 self.slots.give_back(lease);
                 break;
             };
-            let permit = Permit { limiter, lease: Some(lease), tokens: 0 };
+            let permit = Permit { limiter, lease: Some(lease), shared: None, tokens: 0 };
             if let Err(mut unsent) = waiter.tx.send(permit) {
                 // The waiter left: take the slot back without re-entering.
                 if let Some(lease) = unsent.lease.take() {

@@ -135,6 +135,20 @@ impl<'a> Context<'a> {
 }
 
 /// The outcome standing for "no target could be tried at all".
+/// The reason for a request that was never sent: the provider had asked
+/// (in an answer to an earlier request, possibly on another replica) for
+/// nothing before a time beyond this request's deadline.
+pub(super) fn held_off() -> Outcome {
+    Outcome {
+        class: Class::Capacity,
+        status: Some(429),
+        hints: crate::classify::Hints::default(),
+        summary: "the provider asked for no requests until later (Retry-After on an earlier answer)".into(),
+        rule: None,
+        concurrency: false,
+    }
+}
+
 pub(super) fn breakers_open() -> Outcome {
     Outcome {
         class: Class::Transient,

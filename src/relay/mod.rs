@@ -133,12 +133,27 @@ pub async fn relay(job: Job) -> Relayed {
     loop {
         let ti = match targets.pick(Instant::now()) {
             Pick::Use(ti) => ti,
+            // The provider asked for nothing before `until`: wait for it
+            // within the deadline, else say so at once with that wait.
+            Pick::HoldUntil(until) => {
+                if until >= job.deadline {
+                    let (outcome, ti) = last.take().unwrap_or_else(|| (answer::held_off(), 0));
+                    let index = route.targets[ti].upstream;
+                    let upstream = &gw.upstreams[index];
+                    let wait = until.saturating_duration_since(Instant::now());
+                    let ctx = answer::Context::new(gw, upstream, attempts.len(), started, &targets.tried);
+                    let answer = answer::give_up(&ctx, GiveUp::BeyondDeadline { wait }, &outcome, None);
+                    return Relayed { answer, upstream: Some(index), attempts, queue_wait };
+                }
+                tokio::time::sleep_until(until).await;
+                continue;
+            }
             // Every target left is broken: fail fast, saying when the
             // first probe is due, rather than queueing behind a breaker.
             pick @ (Pick::WaitUntil(_) | Pick::NoneLeft) => {
                 let probe = match pick {
                     Pick::WaitUntil(until) => until.saturating_duration_since(Instant::now()),
-                    Pick::Use(_) | Pick::NoneLeft => Duration::ZERO,
+                    Pick::Use(_) | Pick::HoldUntil(_) | Pick::NoneLeft => Duration::ZERO,
                 };
                 let (outcome, ti) = last.take().unwrap_or_else(|| (answer::breakers_open(), 0));
                 let index = route.targets[ti].upstream;
@@ -194,6 +209,12 @@ pub async fn relay(job: Job) -> Relayed {
         drop(permit);
         let now = Instant::now();
         upstream.health.on_failure(outcome.class, outcome.hints.retry_after, now);
+        if let (Some(shared), Some((kind, left))) = (&upstream.shared, upstream.health.announcement(now)) {
+            if shared.is_up() && left >= Duration::from_millis(500) {
+                let (shared, name) = (shared.clone(), upstream.config.name.clone());
+                tokio::spawn(async move { shared.announce(&name, kind, left).await });
+            }
+        }
         if outcome.class == Class::Capacity && outcome.concurrency {
             upstream.limiter.on_concurrency_error(held);
         }

@@ -36,6 +36,8 @@ pub enum Pick {
     Use(usize),
     /// Every target left has an open breaker: the first probe is due then.
     WaitUntil(Instant),
+    /// The best target left asked (`Retry-After`) for nothing before then.
+    HoldUntil(Instant),
     /// No target left.
     NoneLeft,
 }
@@ -90,6 +92,7 @@ impl<'a> Targets<'a> {
             return match (self.is_excluded(0), self.availability(0, now, true)) {
                 (true, _) => Pick::NoneLeft,
                 (false, Availability::Open(until)) => Pick::WaitUntil(until),
+                (false, Availability::Held(until)) => Pick::HoldUntil(until),
                 (false, Availability::Ready | Availability::Probe | Availability::Cooling(_)) => Pick::Use(0),
             };
         }
@@ -98,6 +101,7 @@ impl<'a> Targets<'a> {
             return Pick::NoneLeft;
         }
         let mut cooling: Option<(Instant, usize)> = None;
+        let mut held: Option<Instant> = None;
         let mut open: Option<Instant> = None;
         for &i in &order {
             match self.availability(i, now, false) {
@@ -109,8 +113,10 @@ impl<'a> Targets<'a> {
                             cooling = cooling.filter(|(u, _)| *u <= until).or(Some((until, i)))
                         }
                         Availability::Open(until) => open = Some(open.map_or(until, |o| o.min(until))),
+                        Availability::Held(until) => held = Some(held.map_or(until, |h| h.min(until))),
                     }
                 }
+                Availability::Held(until) => held = Some(held.map_or(until, |h| h.min(until))),
                 Availability::Cooling(until) => cooling = cooling.filter(|(u, _)| *u <= until).or(Some((until, i))),
                 Availability::Open(until) => open = Some(open.map_or(until, |o| o.min(until))),
             }
@@ -119,6 +125,9 @@ impl<'a> Targets<'a> {
         // already paced this attempt).
         if let Some((_, i)) = cooling {
             return Pick::Use(i);
+        }
+        if let Some(until) = held {
+            return Pick::HoldUntil(until);
         }
         open.map_or(Pick::NoneLeft, Pick::WaitUntil)
     }

@@ -115,6 +115,9 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
         gw.metrics.gauge(name, "in_flight", i64::from(snap.in_flight));
         gw.metrics.gauge(name, "effective_limit", i64::from(snap.effective_limit));
         gw.metrics.gauge(name, "queued", snap.queued as i64);
+        if u.shared.is_some() {
+            gw.metrics.gauge(name, "shared_state_up", i64::from(u.limiter.is_shared()));
+        }
     }
     let dropped = gw.journal.as_ref().map_or(0, |j| j.dropped());
     gw.metrics.gauge("-", "journal_dropped_rows", dropped as i64);
@@ -142,6 +145,7 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
                 "effective_limit": limits.effective_limit,
                 "max_concurrent": u.config.limits.max_concurrent,
                 "adaptive": u.config.limits.adaptive,
+                "shared": u.limiter.is_shared(),
             })
         })
         .collect();

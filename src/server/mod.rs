@@ -23,6 +23,7 @@ use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::recent::Recent;
 use crate::retry::RetryBudget;
+use crate::shared::SharedState;
 use crate::upstream::{BuildError, Upstream};
 
 /// Everything a request needs, shared by all connections.
@@ -46,10 +47,20 @@ pub struct Gateway {
 impl Gateway {
     /// Builds upstream clients for a config.
     pub fn new(config: Config) -> Result<Self, BuildError> {
+        let shared = match &config.state {
+            Some(url) => {
+                let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+                Some(SharedState::start(url.expose(), config.state_lease_ttl, &names)?)
+            }
+            None => None,
+        };
         let upstreams = config
             .upstreams
             .iter()
-            .map(|u| Upstream::new(u.clone(), RetryBudget::new(config.budget_ratio, config.budget_min_per_second)))
+            .map(|u| {
+                let budget = RetryBudget::new(config.budget_ratio, config.budget_min_per_second);
+                Upstream::new(u.clone(), budget, shared.clone())
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let journal = config.journal.as_deref().map(|path| Journal::start(path, config.retention.clone()));
         let names = upstreams.iter().map(|u| u.config.name.clone()).collect();
@@ -115,10 +126,29 @@ pub enum StartError {
     },
 }
 
+/// Applies the cooldowns and open breakers other replicas announce to
+/// this gateway's upstreams.
+fn apply_shared_health(gw: &Arc<Gateway>) {
+    let Some(mut events) = gw.upstreams.iter().find_map(|u| u.shared.as_ref()).and_then(|s| s.take_events()) else {
+        return;
+    };
+    let weak = Arc::downgrade(gw);
+    tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            let Some(gw) = weak.upgrade() else { return };
+            if let Some(u) = gw.upstreams.iter().find(|u| u.config.name == event.upstream) {
+                tracing::info!(upstream = %event.upstream, kind = %event.kind, left_ms = event.left.as_millis() as u64, "another replica announced");
+                u.health.absorb(&event.kind, event.left, tokio::time::Instant::now());
+            }
+        }
+    });
+}
+
 /// Binds `config.listen` and serves until dropped.
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let addr = config.listen;
     let gateway = Arc::new(Gateway::new(config)?);
+    apply_shared_health(&gateway);
     let listener = listen::bind(addr).map_err(|error| StartError::Bind { addr, error })?;
     let addr = listener.local_addr().map_err(|error| StartError::Bind { addr, error })?;
     let task = tokio::spawn(listen::serve(listener, router(gateway)));

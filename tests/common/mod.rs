@@ -81,3 +81,62 @@ pub async fn assert_serves(gw: &Running) {
 pub async fn post_with(gw: &Running, path: &str, header: (&str, &str), body: &str) -> reqwest::Response {
     client().post(url(gw, path)).header(header.0, header.1).body(body.to_string()).send().await.unwrap()
 }
+
+/// A real `redis-server` on a free loopback port, stopped when dropped;
+/// `stop` and `restart` simulate an outage on the same port.
+pub struct Redis {
+    pub port: u16,
+    child: Option<std::process::Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut r = Redis { port, child: None, dir: tempfile::tempdir().unwrap() };
+        r.restart();
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn restart(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run redis-server ({e}): install it (apt install redis-server; .ci/run does)")
+            });
+        self.child = Some(child);
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server did not listen on {}", self.port);
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A plain connection for looking at the shared keys.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url()).unwrap().get_multiplexed_async_connection().await.unwrap()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

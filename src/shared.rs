@@ -1,0 +1,547 @@
+//! Limits shared by replicas, in Redis (`state: redis://…`).
+//!
+//! Several tidegates in front of one provider must hold one set of limits:
+//! three replicas each allowing 3 sessions to an upstream that allows 3
+//! recreate seed 001. With shared state, per upstream:
+//!
+//! - **Concurrency slots are leases** in a sorted set scored by expiry,
+//!   taken and given back by Lua scripts (atomic), renewed every third of
+//!   `state_lease_ttl` while the request runs: a replica that crashes or
+//!   hangs stops renewing and its slots free within the TTL.
+//! - **Waiting is event-driven**: a release publishes on the upstream's
+//!   channel and wakes the waiters of every replica; a 250 ms poll is the
+//!   fallback. Waiters register in a second sorted set by arrival time and
+//!   a free slot goes to the oldest, so replicas take turns (FIFO-ish) and
+//!   nobody starves.
+//! - **rpm/tpm** are the same GCRA as `limits::gcra`, one timestamp per
+//!   bucket in Redis.
+//! - **Adaptive limits** live in one key per upstream: "concurrency limit"
+//!   lowers it to ×0.75 of the leases held by all replicas, successes grow
+//!   it back by 1/limit.
+//! - **Cooldowns and open breakers** are published to the other replicas
+//!   (and kept in keys that expire with them, read when a replica joins),
+//!   so one replica's `429 Retry-After: 5` makes the others hold off too.
+//!
+//! When Redis cannot be reached, every call fails fast (250 ms timeouts),
+//! tidegate logs it loudly once, sets `tidegate_upstream_state{what=
+//! "shared_state_up"}` to 0 and goes on with each replica's own limits; a
+//! background check rejoins when Redis answers again. The queue in front of
+//! the slots (order between client keys) stays in each process.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{PushInfo, PushKind, Script, Value};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Fallback wake-up of a shared waiter when no release message arrives.
+const POLL: Duration = Duration::from_millis(250);
+/// Longest wait for Redis on the request path before it counts as down.
+const TIMEOUT: Duration = Duration::from_millis(250);
+
+const ACQUIRE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+for _, w in ipairs(stale) do
+  redis.call('ZREM', KEYS[2], w)
+  redis.call('ZREM', KEYS[3], w)
+end
+local limit = math.floor(tonumber(redis.call('GET', KEYS[4]) or ARGV[3]))
+if limit < 1 then limit = 1 end
+local held = redis.call('ZCARD', KEYS[1])
+local rank = redis.call('ZRANK', KEYS[2], ARGV[1])
+local ahead = rank or redis.call('ZCARD', KEYS[2])
+if held < limit and ahead < limit - held then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  return {1, limit, held + 1}
+end
+if not rank then redis.call('ZADD', KEYS[2], now, ARGV[1]) end
+redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
+return {0, limit, held}
+";
+
+const RELEASE: &str = r"
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('PUBLISH', KEYS[4], ARGV[1])
+return 1
+";
+
+const RENEW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[2]), ARGV[1])
+";
+
+/// GCRA reserve: ARGV cost, interval (ms per unit), burst (ms); returns
+/// the wait in ms. Same arithmetic as `limits::gcra::Gcra::reserve`.
+const GCRA: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cost = tonumber(ARGV[1]) * tonumber(ARGV[2])
+local burst = math.max(tonumber(ARGV[3]), cost)
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+local new = tat + cost
+redis.call('SET', KEYS[1], new, 'PX', math.ceil(new - now + burst) + 1)
+return math.max(0, math.ceil(new - burst - now))
+";
+
+/// GCRA adjust: ARGV delta units (may be negative), interval (ms per unit).
+const GCRA_ADJUST: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local tat = tonumber(redis.call('GET', KEYS[1]))
+if not tat then return 0 end
+local new = math.max(now, tat + tonumber(ARGV[1]) * tonumber(ARGV[2]))
+redis.call('SET', KEYS[1], new, 'KEEPTTL')
+return 1
+";
+
+/// Lower the shared limit to ×0.75 of the leases held (floor 1).
+const LOWER: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZCARD', KEYS[1])
+local limit = tonumber(redis.call('GET', KEYS[2]) or ARGV[1])
+local lowered = math.max(1, held * 0.75)
+if lowered < limit then
+  redis.call('SET', KEYS[2], tostring(lowered))
+  return tostring(lowered)
+end
+return tostring(limit)
+";
+
+/// Grow the shared limit by 1/limit, up to ARGV cap.
+const GROW: &str = r"
+local limit = tonumber(redis.call('GET', KEYS[1]))
+if not limit then return ARGV[1] end
+local grown = math.min(tonumber(ARGV[1]), limit + 1 / limit)
+redis.call('SET', KEYS[1], tostring(grown))
+return tostring(grown)
+";
+
+/// Cooldown / open breaker: extend-only keys that expire with them, and a
+/// message to the other replicas. ARGV: kind, ms, payload.
+const HEALTH: &str = r"
+local left = tonumber(redis.call('PTTL', KEYS[1]))
+if left < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
+end
+redis.call('PUBLISH', KEYS[2], ARGV[3])
+return 1
+";
+
+/// A cooldown or open breaker announced by another replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthEvent {
+    /// Upstream name.
+    pub upstream: String,
+    /// `hold` (a provider's wait) or `open` (breaker).
+    pub kind: String,
+    /// Time left.
+    pub left: Duration,
+}
+
+struct Scripts {
+    acquire: Script,
+    release: Script,
+    renew: Script,
+    gcra: Script,
+    gcra_adjust: Script,
+    lower: Script,
+    grow: Script,
+    health: Script,
+}
+
+/// The connection to the shared store and what rides on it.
+pub struct SharedState {
+    conn: ConnectionManager,
+    up: AtomicBool,
+    ttl: Duration,
+    prefix: String,
+    replica: String,
+    next: AtomicU64,
+    scripts: Scripts,
+    wake: HashMap<String, Arc<Notify>>,
+    events: std::sync::Mutex<Option<mpsc::UnboundedReceiver<HealthEvent>>>,
+    events_tx: mpsc::UnboundedSender<HealthEvent>,
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for SharedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedState").field("up", &self.is_up()).finish()
+    }
+}
+
+impl Drop for SharedState {
+    fn drop(&mut self) {
+        if let Ok(tasks) = self.tasks.lock() {
+            tasks.iter().for_each(JoinHandle::abort);
+        }
+    }
+}
+
+/// Why the shared store could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("state: {0}")]
+pub struct SharedError(String);
+
+/// A shared concurrency lease; given back when dropped (in a task), and
+/// renewed until then.
+pub struct SharedLease {
+    state: Arc<SharedState>,
+    upstream: String,
+    id: String,
+    renewer: JoinHandle<()>,
+}
+
+impl Drop for SharedLease {
+    fn drop(&mut self) {
+        self.renewer.abort();
+        let (state, upstream, id) =
+            (self.state.clone(), std::mem::take(&mut self.upstream), std::mem::take(&mut self.id));
+        tokio::spawn(async move { state.release(&upstream, &id).await });
+    }
+}
+
+/// A waiter registered in the shared queue: leaves it when dropped.
+struct WaiterSpot {
+    state: Arc<SharedState>,
+    upstream: String,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for WaiterSpot {
+    fn drop(&mut self) {
+        if self.armed {
+            let (state, upstream, id) =
+                (self.state.clone(), std::mem::take(&mut self.upstream), std::mem::take(&mut self.id));
+            tokio::spawn(async move { state.release(&upstream, &id).await });
+        }
+    }
+}
+
+/// The outcome of asking the shared store for a slot.
+pub enum SharedSlot {
+    /// A lease, and the limit in force across replicas.
+    Leased(SharedLease, u32),
+    /// The deadline came first.
+    Deadline,
+    /// The store is unreachable: go on with local limits.
+    Unavailable,
+}
+
+impl SharedState {
+    /// Connects lazily to `url` for these upstream names; must run inside
+    /// a tokio runtime (it starts the message and rejoin tasks).
+    pub fn start(url: &str, ttl: Duration, upstreams: &[String]) -> Result<Arc<Self>, SharedError> {
+        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| SharedError(e.to_string()))?;
+        let settings = info.redis_settings().clone().set_protocol(redis::ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings)).map_err(|e| SharedError(e.to_string()))?;
+        let (push_tx, push_rx) = mpsc::unbounded_channel::<PushInfo>();
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(TIMEOUT))
+            .set_response_timeout(Some(TIMEOUT))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1))
+            .set_push_sender(push_tx)
+            .set_automatic_resubscription();
+        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| SharedError(e.to_string()))?;
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let state = Arc::new(SharedState {
+            conn,
+            up: AtomicBool::new(false),
+            ttl,
+            prefix: "tidegate".into(),
+            replica: uuid::Uuid::now_v7().simple().to_string(),
+            next: AtomicU64::new(0),
+            scripts: Scripts {
+                acquire: Script::new(ACQUIRE),
+                release: Script::new(RELEASE),
+                renew: Script::new(RENEW),
+                gcra: Script::new(GCRA),
+                gcra_adjust: Script::new(GCRA_ADJUST),
+                lower: Script::new(LOWER),
+                grow: Script::new(GROW),
+                health: Script::new(HEALTH),
+            },
+            wake: upstreams.iter().map(|u| (u.clone(), Arc::new(Notify::new()))).collect(),
+            events: std::sync::Mutex::new(Some(events_rx)),
+            events_tx,
+            tasks: std::sync::Mutex::new(Vec::new()),
+        });
+        let weak = Arc::downgrade(&state);
+        let messages = tokio::spawn(read_messages(weak.clone(), push_rx));
+        let rejoin = tokio::spawn(watch(weak));
+        if let Ok(mut tasks) = state.tasks.lock() {
+            tasks.extend([messages, rejoin]);
+        }
+        Ok(state)
+    }
+
+    /// Health events from other replicas; taken once by the gateway.
+    pub fn take_events(&self) -> Option<mpsc::UnboundedReceiver<HealthEvent>> {
+        self.events.lock().ok().and_then(|mut e| e.take())
+    }
+
+    /// Whether the shared store answered last time it was asked.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    fn key(&self, upstream: &str, what: &str) -> String {
+        format!("{}:{{{upstream}}}:{what}", self.prefix)
+    }
+
+    fn down(&self, err: &redis::RedisError) {
+        if self.up.swap(false, Ordering::AcqRel) {
+            tracing::error!(error = %err, "shared state (Redis) unreachable: every replica now applies its own limits only; will rejoin when it answers");
+        }
+    }
+
+    async fn call<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Option<T> {
+        if !self.is_up() {
+            return None;
+        }
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(TIMEOUT * 2, inv.invoke_async::<T>(&mut conn)).await {
+            Ok(Ok(v)) => Some(v),
+            Ok(Err(err)) => {
+                self.down(&err);
+                None
+            }
+            Err(_) => {
+                self.down(&redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)));
+                None
+            }
+        }
+    }
+
+    /// Waits for a slot under the shared limit of `upstream` (`cap`: its
+    /// declared or adaptive maximum) until `deadline`.
+    pub async fn acquire(self: &Arc<Self>, upstream: &str, cap: u32, deadline: Instant) -> SharedSlot {
+        let id = format!("{}-{}", self.replica, self.next.fetch_add(1, Ordering::Relaxed));
+        let (leases, waiters, expiry, limit) = (
+            self.key(upstream, "leases"),
+            self.key(upstream, "waiters"),
+            self.key(upstream, "waiters_exp"),
+            self.key(upstream, "limit"),
+        );
+        let wake = self.wake.get(upstream).cloned().unwrap_or_default();
+        let mut spot = WaiterSpot { state: self.clone(), upstream: upstream.to_owned(), id: id.clone(), armed: false };
+        loop {
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let mut inv = self.scripts.acquire.prepare_invoke();
+            inv.key(&leases).key(&waiters).key(&expiry).key(&limit);
+            inv.arg(&id).arg(self.ttl.as_millis() as u64).arg(cap);
+            let Some((taken, limit_now, _held)) = self.call::<(u8, u32, u32)>(inv).await else {
+                return SharedSlot::Unavailable;
+            };
+            if taken == 1 {
+                spot.armed = false;
+                let renewer = tokio::spawn(renew(Arc::downgrade(self), leases.clone(), id.clone(), self.ttl));
+                let lease = SharedLease { state: self.clone(), upstream: upstream.to_owned(), id, renewer };
+                return SharedSlot::Leased(lease, limit_now);
+            }
+            spot.armed = true;
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep_until(deadline) => return SharedSlot::Deadline,
+            }
+        }
+    }
+
+    async fn release(&self, upstream: &str, id: &str) {
+        let mut inv = self.scripts.release.prepare_invoke();
+        inv.key(self.key(upstream, "leases"))
+            .key(self.key(upstream, "waiters"))
+            .key(self.key(upstream, "waiters_exp"))
+            .key(self.key(upstream, "released"))
+            .arg(id);
+        let _ = self.call::<i64>(inv).await;
+    }
+
+    /// Reserves `cost` units of a shared rate bucket (`what`: rpm/tpm);
+    /// `None` when the store is unreachable (use the local bucket).
+    pub async fn reserve(
+        &self,
+        upstream: &str,
+        what: &str,
+        cost: u64,
+        limit: u64,
+        period: Duration,
+    ) -> Option<Duration> {
+        let interval = period.as_secs_f64() * 1000.0 / limit.max(1) as f64;
+        let mut inv = self.scripts.gcra.prepare_invoke();
+        inv.key(self.key(upstream, what)).arg(cost).arg(interval).arg(period.as_millis() as u64);
+        self.call::<u64>(inv).await.map(Duration::from_millis)
+    }
+
+    /// Corrects a shared rate reservation by `delta` units.
+    pub async fn adjust(&self, upstream: &str, what: &str, delta: i64, limit: u64, period: Duration) {
+        let interval = period.as_secs_f64() * 1000.0 / limit.max(1) as f64;
+        let mut inv = self.scripts.gcra_adjust.prepare_invoke();
+        inv.key(self.key(upstream, what)).arg(delta).arg(interval);
+        let _ = self.call::<i64>(inv).await;
+    }
+
+    /// "Concurrency limit" seen: the shared limit drops to ×0.75 of the
+    /// leases all replicas hold. Returns the new limit.
+    pub async fn lower(&self, upstream: &str, cap: u32) -> Option<f64> {
+        let mut inv = self.scripts.lower.prepare_invoke();
+        inv.key(self.key(upstream, "leases")).key(self.key(upstream, "limit")).arg(cap);
+        self.call::<String>(inv).await.and_then(|s| s.parse().ok())
+    }
+
+    /// A success while the shared limit is below `cap`: grow it.
+    pub async fn grow(&self, upstream: &str, cap: u32) -> Option<f64> {
+        let mut inv = self.scripts.grow.prepare_invoke();
+        inv.key(self.key(upstream, "limit")).arg(cap);
+        self.call::<String>(inv).await.and_then(|s| s.parse().ok())
+    }
+
+    /// Tells the other replicas that `upstream` cools down (or has its
+    /// breaker open) for `left`.
+    pub async fn announce(&self, upstream: &str, kind: &str, left: Duration) {
+        let ms = left.as_millis().max(1) as u64;
+        let mut inv = self.scripts.health.prepare_invoke();
+        inv.key(self.key(upstream, kind))
+            .key(format!("{}:health", self.prefix))
+            .arg(kind)
+            .arg(ms)
+            .arg(format!("{}|{kind}|{ms}|{upstream}", self.replica));
+        let _ = self.call::<i64>(inv).await;
+    }
+
+    /// Joins (or rejoins): subscribes, then reads the cooldowns and open
+    /// breakers other replicas announced before.
+    async fn join(&self) -> redis::RedisResult<()> {
+        let mut conn = self.conn.clone();
+        let mut channels: Vec<String> = self.wake.keys().map(|u| self.key(u, "released")).collect();
+        channels.push(format!("{}:health", self.prefix));
+        conn.subscribe(&channels).await?;
+        for upstream in self.wake.keys() {
+            for kind in ["hold", "open"] {
+                let left: i64 = redis::cmd("PTTL").arg(self.key(upstream, kind)).query_async(&mut conn).await?;
+                if left > 0 {
+                    let left = Duration::from_millis(left as u64);
+                    let _ = self.events_tx.send(HealthEvent { upstream: upstream.clone(), kind: kind.into(), left });
+                }
+            }
+        }
+        self.up.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Renews a lease every third of its TTL until aborted.
+async fn renew(state: std::sync::Weak<SharedState>, leases: String, id: String, ttl: Duration) {
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        let Some(state) = state.upgrade() else { return };
+        let mut inv = state.scripts.renew.prepare_invoke();
+        inv.key(&leases).arg(&id).arg(ttl.as_millis() as u64);
+        if state.call::<i64>(inv).await == Some(0) {
+            tracing::warn!(
+                "a shared lease expired before it was renewed (replica paused longer than state_lease_ttl?)"
+            );
+        }
+    }
+}
+
+/// Joins at start, then checks every second while down and rejoins.
+async fn watch(state: std::sync::Weak<SharedState>) {
+    let mut logged_waiting = false;
+    loop {
+        let Some(s) = state.upgrade() else { return };
+        if !s.is_up() {
+            match s.join().await {
+                Ok(()) => {
+                    tracing::info!(
+                        "shared state (Redis) reachable: limits, cooldowns and breakers are shared across replicas"
+                    );
+                    logged_waiting = false;
+                }
+                Err(err) if !logged_waiting => {
+                    tracing::error!(error = %err, "shared state (Redis) unreachable: applying local limits until it answers");
+                    logged_waiting = true;
+                }
+                Err(_) => {}
+            }
+        }
+        drop(s);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Routes pub/sub messages: releases wake that upstream's waiters, health
+/// messages from other replicas go to the gateway.
+async fn read_messages(state: std::sync::Weak<SharedState>, mut pushes: mpsc::UnboundedReceiver<PushInfo>) {
+    while let Some(push) = pushes.recv().await {
+        let Some(state) = state.upgrade() else { return };
+        match push.kind {
+            PushKind::Message => {
+                let (Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
+                    (push.data.first(), push.data.get(1))
+                else {
+                    continue;
+                };
+                let channel = String::from_utf8_lossy(channel);
+                let payload = String::from_utf8_lossy(payload);
+                if channel.ends_with(":released") {
+                    if let Some(notify) = state.wake.iter().find(|(u, _)| state.key(u, "released") == channel) {
+                        notify.1.notify_waiters();
+                    }
+                } else if let Some(event) = parse_health(&payload, &state.replica) {
+                    let _ = state.events_tx.send(event);
+                }
+            }
+            PushKind::Disconnection => {
+                state.down(&redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `replica|kind|ms|upstream`, ignoring this replica's own messages.
+fn parse_health(payload: &str, me: &str) -> Option<HealthEvent> {
+    let mut parts = payload.splitn(4, '|');
+    let (from, kind, ms, upstream) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if from == me || !matches!(kind, "hold" | "open") {
+        return None;
+    }
+    Some(HealthEvent { upstream: upstream.into(), kind: kind.into(), left: Duration::from_millis(ms.parse().ok()?) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_messages_parse_and_own_messages_are_ignored() {
+        let e = parse_health("r1|hold|5000|codearts|x", "r2").unwrap();
+        assert_eq!(e, HealthEvent { upstream: "codearts|x".into(), kind: "hold".into(), left: Duration::from_secs(5) });
+        assert!(parse_health("r2|hold|5000|codearts", "r2").is_none());
+        assert!(parse_health("r1|drop|5|u", "r2").is_none());
+        assert!(parse_health("garbage", "r2").is_none());
+    }
+}

@@ -1,0 +1,237 @@
+//! Replicas sharing limits and health through a real Redis: one cap held
+//! across processes, leases of a killed replica freed within their TTL,
+//! local limits while Redis is down and shared ones when it returns, and
+//! one replica's `Retry-After` honoured by the other.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use tidegate::simulate::{Behavior, Fault};
+
+const ADMIN: &str = "shared-admin";
+
+fn config(listen: &str, redis: &str, sim: &tidegate::simulate::Simulator, extra: &str) -> String {
+    format!(
+        "listen: {listen}\njournal: \"off\"\nadmin_key: {ADMIN}\nstate: {redis}\nstate_lease_ttl: 2s\n\
+         defaults:\n  retry: {{ base_delay: 20ms, max_delay: 100ms, max_attempts: 20 }}\n\
+         upstreams:\n  - {{ name: sim, protocol: openai, base_url: \"{}\", max_concurrent: 3{extra} }}\n\
+         models:\n  capped: {{ targets: [{{ upstream: sim }}] }}\n  slow: {{ targets: [{{ upstream: sim }}] }}\n  limited: {{ targets: [{{ upstream: sim }}] }}\n",
+        sim.openai_url()
+    )
+}
+
+/// A replica as its own process (so it can be SIGKILLed).
+struct Process {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+}
+
+async fn process_replica(redis: &str, sim: &tidegate::simulate::Simulator) -> Process {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let path = dir.path().join("replica.yaml");
+    std::fs::write(&path, config(&addr, redis, sim, "")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let p = Process { child, addr, _dir: dir };
+    wait_shared(&format!("http://{}", p.addr), true).await;
+    p
+}
+
+/// Waits (bounded) until the replica at `base` reports shared state `up`.
+async fn wait_shared(base: &str, up: bool) {
+    for _ in 0..100 {
+        if let Ok(resp) = client().get(format!("{base}/admin/upstreams")).bearer_auth(ADMIN).send().await {
+            if let Ok(v) = resp.json::<Value>().await {
+                if v["upstreams"][0]["shared"] == up {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{base} did not report shared={up}");
+}
+
+async fn ask(base: &str, model: &str, deadline: Option<&str>) -> reqwest::Response {
+    let mut req = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .body(format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#));
+    if let Some(d) = deadline {
+        req = req.header("x-tidegate-deadline", d);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_hold_one_cap_of_three() {
+    let redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 150, ..Default::default() })]);
+    let a = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
+    let a_base = format!("http://{}", a.addr);
+    wait_shared(&a_base, true).await;
+    let b = process_replica(&redis.url(), &sim).await;
+    let b_base = format!("http://{}", b.addr);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let base = if i % 2 == 0 { a_base.clone() } else { b_base.clone() };
+            tokio::spawn(async move { ask(&base, "capped", None).await.status().as_u16() })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert!(
+        sim.state.max_in_flight_of("capped") <= 3,
+        "the upstream saw {} at once",
+        sim.state.max_in_flight_of("capped")
+    );
+    assert_eq!(sim.state.rejected.load(Ordering::SeqCst), 0, "nothing over the cap reached the upstream");
+    // 40 requests of 150 ms, 3 at a time: at least 14 rounds.
+    assert!(started.elapsed() >= Duration::from_millis(13 * 150), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_replicas_slots_free_within_the_lease_ttl() {
+    let redis = Redis::start();
+    let sim = sim(&[("slow", Behavior { latency_ms: 30_000, ..Default::default() })]);
+    let b = process_replica(&redis.url(), &sim).await;
+    let b_base = format!("http://{}", b.addr);
+    let _held: Vec<_> = (0..3)
+        .map(|_| {
+            let base = b_base.clone();
+            tokio::spawn(async move { ask(&base, "slow", None).await })
+        })
+        .collect();
+    eventually("B holds all three slots", || sim.state.in_flight.load(Ordering::SeqCst) == 3).await;
+    let mut conn = redis.conn().await;
+    let leases: u32 = redis::cmd("ZCARD").arg("tidegate:{sim}:leases").query_async(&mut conn).await.unwrap();
+    assert_eq!(leases, 3);
+
+    let a = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
+    let a_base = format!("http://{}", a.addr);
+    wait_shared(&a_base, true).await;
+    let mut b = b;
+    b.child.kill().unwrap(); // SIGKILL: no chance to give anything back
+    b.child.wait().unwrap();
+    let killed = Instant::now();
+    let resp = ask(&a_base, "capped", Some("10s")).await;
+    let waited = killed.elapsed();
+    assert_eq!(resp.status(), 200);
+    assert!(waited >= Duration::from_millis(500), "A got a slot while B's leases were live ({waited:?})");
+    assert!(waited <= Duration::from_millis(2000 + 1500), "slots came back later than the 2 s TTL: {waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_down_means_local_limits_and_back_means_shared() {
+    let mut redis = Redis::start();
+    let sim = sim(&[("slow", Behavior { latency_ms: 800, ..Default::default() })]);
+    let a = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
+    let base = format!("http://{}", a.addr);
+    wait_shared(&base, true).await;
+    redis.stop();
+    for _ in 0..5 {
+        assert_eq!(ask(&base, "capped", Some("5s")).await.status(), 200, "serving goes on without Redis");
+    }
+    wait_shared(&base, false).await;
+    // Local limits still hold: 3 at a time.
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let base = base.clone();
+            tokio::spawn(async move { ask(&base, "slow", None).await.status().as_u16() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert!(sim.state.max_in_flight_of("slow") <= 3);
+
+    redis.restart();
+    wait_shared(&base, true).await;
+    let slow = tokio::spawn({
+        let base = base.clone();
+        async move { ask(&base, "slow", None).await.status().as_u16() }
+    });
+    let mut conn = redis.conn().await;
+    let mut leases = 0u32;
+    for _ in 0..50 {
+        leases = redis::cmd("ZCARD").arg("tidegate:{sim}:leases").query_async(&mut conn).await.unwrap();
+        if leases == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(leases, 1, "after Redis returned, the slot is a shared lease again");
+    assert_eq!(slow.await.unwrap(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_replicas_retry_after_makes_the_other_hold_off() {
+    let redis = Redis::start();
+    let limited = Behavior {
+        script: vec![
+            Fault::new(429, r#"{"error":{"message":"Rate limit reached","type":"requests"}}"#)
+                .header("retry-after", "5"),
+        ],
+        ..Default::default()
+    };
+    let sim = sim(&[("limited", limited)]);
+    let a = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
+    let b = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
+    let (a_base, b_base) = (format!("http://{}", a.addr), format!("http://{}", b.addr));
+    wait_shared(&a_base, true).await;
+    wait_shared(&b_base, true).await;
+
+    let first = ask(&a_base, "limited", Some("1s")).await;
+    assert_eq!(first.status(), 429, "A: the wait asked for is beyond its deadline");
+    let mut state = Value::Null;
+    for _ in 0..100 {
+        state = client()
+            .get(format!("{b_base}/admin/upstreams"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if state["upstreams"][0]["health"]["state"] == "cooling_down" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state["upstreams"][0]["health"]["state"], "cooling_down", "B heard of A's Retry-After: {state}");
+    assert!(state["upstreams"][0]["health"]["for_ms"].as_u64().unwrap() > 3000, "{state}");
+    let second = ask(&b_base, "limited", Some("1s")).await;
+    assert_eq!(second.status(), 429, "B holds off too");
+    let retry_after: u64 = second.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((3..=5).contains(&retry_after), "B passes on the remaining wait: {retry_after}");
+    assert_eq!(sim.state.received().len(), 1, "only A's request reached the upstream");
+}
