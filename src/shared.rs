@@ -209,9 +209,22 @@ pub struct SharedLease {
     renewer: JoinHandle<()>,
 }
 
+impl SharedLease {
+    /// Gives the lease back now and waits until Redis has it (dropping the
+    /// lease does the same in the background).
+    pub async fn give_back(mut self) {
+        self.renewer.abort();
+        let (upstream, id) = (std::mem::take(&mut self.upstream), std::mem::take(&mut self.id));
+        self.state.release(&upstream, &id).await;
+    }
+}
+
 impl Drop for SharedLease {
     fn drop(&mut self) {
         self.renewer.abort();
+        if self.id.is_empty() {
+            return; // given back already
+        }
         let (state, upstream, id) =
             (self.state.clone(), std::mem::take(&mut self.upstream), std::mem::take(&mut self.id));
         tokio::spawn(async move { state.release(&upstream, &id).await });
