@@ -10,12 +10,17 @@
 //!        ──► relay     the attempt loop: pick target, send, decide
 //!        ──► health    cooldowns and circuit breakers (which target)
 //!        ──► limits    per-upstream queue, concurrency slots, rate buckets
+//!                      (shared: the same as leases in Redis, for replicas)
 //!        ──► classify  what an answer means; retry: what to do about it
 //!        ──► upstream  per-provider client: auth, headers, pooling, timeouts
 //!        ──► stream    body relayed chunk by chunk, idle timeout, owns the
 //!                      upstream connection until the last byte
 //!        ──► error     what tidegate answers itself, in the client's shape
 //! ```
+//!
+//! Beside the path: `report` finishes each request once (log line,
+//! `metrics`, `recent` buckets for the `/ui` dashboard, `journal` row),
+//! `anomaly` watches per-client volume.
 //!
 //! `simulate` is a fault-injecting upstream (with named scenarios) shared
 //! by the tests, the benchmark, `tidegate simulate` and `demo`, which runs
