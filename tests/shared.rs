@@ -235,3 +235,35 @@ async fn one_replicas_retry_after_makes_the_other_hold_off() {
     assert!((3..=5).contains(&retry_after), "B passes on the remaining wait: {retry_after}");
     assert_eq!(sim.state.received().len(), 1, "only A's request reached the upstream");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_on_one_replica_does_not_starve_the_other() {
+    let redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { latency_ms: 100, ..Default::default() })]);
+    let one = |addr: &str| config(addr, &redis.url(), &sim, "").replace("max_concurrent: 3", "max_concurrent: 1");
+    let a = gateway(&one("127.0.0.1:0")).await;
+    let b = gateway(&one("127.0.0.1:0")).await;
+    let (a_base, b_base) = (format!("http://{}", a.addr), format!("http://{}", b.addr));
+    wait_shared(&a_base, true).await;
+    wait_shared(&b_base, true).await;
+    let flood_started = Instant::now();
+    let flood: Vec<_> = (0..25)
+        .map(|_| {
+            let base = a_base.clone();
+            tokio::spawn(async move { ask(&base, "capped", Some("30s")).await.status().as_u16() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = Instant::now();
+    assert_eq!(ask(&b_base, "capped", Some("30s")).await.status(), 200);
+    let b_waited = asked.elapsed();
+    for t in flood {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let flood_took = flood_started.elapsed();
+    // One slot, 100 ms each: the flood needs 2.5 s; B, arriving behind at
+    // most one of A's waiters, gets a turn within a few slots.
+    assert!(flood_took >= Duration::from_millis(2400), "{flood_took:?}");
+    assert!(b_waited <= Duration::from_millis(800), "B waited {b_waited:?} behind A's flood of {flood_took:?}");
+    assert!(sim.state.max_in_flight_of("capped") <= 1);
+}
