@@ -85,6 +85,93 @@ pub struct AttemptRow {
     pub wait_ms: Option<f64>,
 }
 
+/// A finished request on its way to the writer. Built on the request path
+/// with as little allocation as possible — labels are `&'static str`,
+/// upstream names are shared and looked up by index, strings the request
+/// already owned are moved in — because every allocation here is paid on
+/// the proxy's core and freed on the writer's.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// Request id.
+    pub id: uuid::Uuid,
+    /// Arrival, unix milliseconds.
+    pub ts_ms: i64,
+    /// Client key name.
+    pub client: Option<String>,
+    /// Model alias.
+    pub model: Option<String>,
+    /// SSE requested.
+    pub stream: bool,
+    /// completed, incomplete, failed, cancelled, rejected.
+    pub outcome: &'static str,
+    /// Status sent to the client.
+    pub status: u16,
+    /// Class of the final failure.
+    pub class: Option<&'static str>,
+    /// What the client was told.
+    pub error: Option<String>,
+    /// Upstream names by index.
+    pub names: Arc<[String]>,
+    /// The one upstream tried, when `attempts` is empty because its single
+    /// attempt is implied (see [`implied_attempt`]).
+    pub upstream: Option<usize>,
+    /// Queue wait.
+    pub queue_ms: f64,
+    /// Time to first byte.
+    pub ttfb_ms: Option<f64>,
+    /// Total time.
+    pub total_ms: f64,
+    /// Prompt tokens.
+    pub tokens_in: Option<u64>,
+    /// Completion tokens.
+    pub tokens_out: Option<u64>,
+    /// Text delivered before an incomplete stream broke.
+    pub partial: Option<String>,
+    /// Number of attempts.
+    pub n_attempts: u32,
+    /// The client's volume was far above its baseline.
+    pub anomaly: bool,
+    /// Attempts, unless the single one is implied by the request row.
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// One attempt on its way to the writer.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    /// Upstream index into [`Record::names`].
+    pub upstream: usize,
+    /// Its status.
+    pub status: Option<u16>,
+    /// Its class.
+    pub class: Option<&'static str>,
+    /// What the provider said.
+    pub summary: String,
+    /// The decision taken.
+    pub verdict: &'static str,
+    /// Wait before the next attempt.
+    pub wait_ms: Option<f64>,
+}
+
+impl Record {
+    fn name(&self, i: usize) -> &str {
+        self.names.get(i).map_or("", String::as_str)
+    }
+
+    /// Upstreams tried, in order, each once, comma-separated.
+    fn targets(&self) -> std::borrow::Cow<'_, str> {
+        if self.attempts.is_empty() {
+            return self.upstream.map_or("", |i| self.name(i)).into();
+        }
+        let mut seen: Vec<usize> = Vec::with_capacity(self.attempts.len());
+        for a in &self.attempts {
+            if !seen.contains(&a.upstream) {
+                seen.push(a.upstream);
+            }
+        }
+        seen.iter().map(|i| self.name(*i)).collect::<Vec<_>>().join(",").into()
+    }
+}
+
 /// Retention settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Retention {
@@ -97,7 +184,7 @@ pub struct Retention {
 /// Where requests send their rows; cheap to clone.
 #[derive(Clone)]
 pub struct Journal {
-    tx: SyncSender<Row>,
+    tx: SyncSender<Record>,
     dropped: Arc<AtomicU64>,
     path: Arc<PathBuf>,
 }
@@ -113,7 +200,7 @@ impl Journal {
     /// writer; if it cannot be, rows are counted as dropped and the writer
     /// tries again a little later.
     pub fn start(path: &Path, retention: Retention) -> Journal {
-        let (tx, rx) = sync_channel(CHANNEL);
+        let (tx, rx) = sync_channel::<Record>(CHANNEL);
         let dropped = Arc::new(AtomicU64::new(0));
         let (file, counter) = (path.to_path_buf(), dropped.clone());
         let spawned = std::thread::Builder::new()
@@ -125,8 +212,8 @@ impl Journal {
         Journal { tx, dropped, path: Arc::new(path.to_path_buf()) }
     }
 
-    /// Hands a row to the writer; never blocks.
-    pub fn record(&self, row: Row) {
+    /// Hands a record to the writer; never blocks.
+    pub fn record(&self, row: Record) {
         match self.tx.try_send(row) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
@@ -173,7 +260,7 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-fn writer(path: &Path, retention: &Retention, rx: &Receiver<Row>, dropped: &AtomicU64) {
+fn writer(path: &Path, retention: &Retention, rx: &Receiver<Record>, dropped: &AtomicU64) {
     let mut conn: Option<Connection> = None;
     let mut warned = false;
     // Rows in the table (counted once at open, then tracked), and rows
@@ -244,47 +331,74 @@ fn id_at(ms: i64) -> String {
     format!("{:08x}-{:04x}-0000-0000-000000000000", ms >> 16, ms & 0xffff)
 }
 
-fn insert(conn: &mut Connection, batch: &[Row]) -> rusqlite::Result<()> {
+/// Rows per multi-row INSERT: one statement execution per 32 requests
+/// instead of one per request (statement setup and teardown dominate a
+/// small row's insert).
+const ROWS_PER_INSERT: usize = 32;
+const REQUEST_COLUMNS: usize = 18;
+
+fn insert_sql(rows: usize) -> String {
+    let one = format!("({})", (0..REQUEST_COLUMNS).map(|_| "?").collect::<Vec<_>>().join(","));
+    format!(
+        "INSERT OR REPLACE INTO requests (id, ts_ms, client, model, stream, outcome, status, class, error, targets,
+         queue_ms, ttfb_ms, total_ms, tokens_in, tokens_out, partial, n_attempts, anomaly) VALUES {}",
+        vec![one; rows].join(",")
+    )
+}
+
+fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, r: &Record) -> rusqlite::Result<()> {
+    let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    stmt.raw_bind_parameter(base + 1, &*r.id.hyphenated().encode_lower(&mut id))?;
+    stmt.raw_bind_parameter(base + 2, r.ts_ms)?;
+    stmt.raw_bind_parameter(base + 3, &r.client)?;
+    stmt.raw_bind_parameter(base + 4, &r.model)?;
+    stmt.raw_bind_parameter(base + 5, r.stream)?;
+    stmt.raw_bind_parameter(base + 6, r.outcome)?;
+    stmt.raw_bind_parameter(base + 7, r.status)?;
+    stmt.raw_bind_parameter(base + 8, r.class)?;
+    stmt.raw_bind_parameter(base + 9, &r.error)?;
+    stmt.raw_bind_parameter(base + 10, &*r.targets())?;
+    stmt.raw_bind_parameter(base + 11, r.queue_ms)?;
+    stmt.raw_bind_parameter(base + 12, r.ttfb_ms)?;
+    stmt.raw_bind_parameter(base + 13, r.total_ms)?;
+    stmt.raw_bind_parameter(base + 14, r.tokens_in.map(|n| n as i64))?;
+    stmt.raw_bind_parameter(base + 15, r.tokens_out.map(|n| n as i64))?;
+    stmt.raw_bind_parameter(base + 16, &r.partial)?;
+    stmt.raw_bind_parameter(base + 17, r.n_attempts)?;
+    stmt.raw_bind_parameter(base + 18, r.anomaly)
+}
+
+fn insert(conn: &mut Connection, batch: &[Record]) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
-        let mut req = tx.prepare_cached(
-            "INSERT OR REPLACE INTO requests (id, ts_ms, client, model, stream, outcome, status, class, error, targets,
-             queue_ms, ttfb_ms, total_ms, tokens_in, tokens_out, partial, n_attempts, anomaly)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
-        )?;
+        let mut many = tx.prepare_cached(&insert_sql(ROWS_PER_INSERT))?;
+        let mut one = tx.prepare_cached(&insert_sql(1))?;
+        for chunk in batch.chunks(ROWS_PER_INSERT) {
+            let stmt = if chunk.len() == ROWS_PER_INSERT { &mut many } else { &mut one };
+            if chunk.len() == ROWS_PER_INSERT {
+                for (k, r) in chunk.iter().enumerate() {
+                    bind_request(stmt, k * REQUEST_COLUMNS, r)?;
+                }
+                stmt.raw_execute()?;
+            } else {
+                for r in chunk {
+                    bind_request(stmt, 0, r)?;
+                    stmt.raw_execute()?;
+                }
+            }
+        }
         let mut att = tx.prepare_cached(
             "INSERT OR REPLACE INTO attempts (request_id, n, upstream, status, class, summary, verdict, wait_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?;
-        for r in batch {
-            req.execute(params![
-                r.id,
-                r.ts_ms,
-                r.client,
-                r.model,
-                r.stream,
-                r.outcome,
-                r.status,
-                r.class,
-                r.error,
-                r.targets,
-                r.queue_ms,
-                r.ttfb_ms,
-                r.total_ms,
-                r.tokens_in.map(|n| n as i64),
-                r.tokens_out.map(|n| n as i64),
-                r.partial,
-                r.n_attempts,
-                r.anomaly,
-            ])?;
-            if implied_attempt(r).is_some_and(|implied| r.attempts == [implied]) {
-                continue;
-            }
+        for r in batch.iter().filter(|r| !r.attempts.is_empty()) {
+            let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
+            let id = &*r.id.hyphenated().encode_lower(&mut id);
             for (n, a) in r.attempts.iter().enumerate() {
                 att.execute(params![
-                    r.id,
+                    id,
                     n as i64 + 1,
-                    a.upstream,
+                    r.name(a.upstream),
                     a.status,
                     a.class,
                     a.summary,
@@ -454,6 +568,67 @@ mod tests {
         Row { id, ts_ms, outcome: "completed".into(), status: 200, n_attempts: 1, ..Default::default() }
     }
 
+    fn v7(ms: i64) -> String {
+        let ts = uuid::Timestamp::from_unix(uuid::NoContext, (ms / 1000) as u64, ((ms % 1000) * 1_000_000) as u32);
+        uuid::Uuid::new_v7(ts).to_string()
+    }
+
+    fn leak(s: &str) -> &'static str {
+        Box::leak(s.to_owned().into_boxed_str())
+    }
+
+    /// The record the request path would have built for `r`.
+    fn record(r: &Row) -> Record {
+        let mut names: Vec<String> = Vec::new();
+        for n in r.targets.split(',').filter(|n| !n.is_empty()).chain(r.attempts.iter().map(|a| a.upstream.as_str())) {
+            if !names.iter().any(|x| x == n) {
+                names.push(n.to_owned());
+            }
+        }
+        let index = |n: &str| names.iter().position(|x| x == n).unwrap_or(0);
+        let implied = implied_attempt(r).is_some_and(|i| r.attempts == [i]);
+        Record {
+            id: uuid::Uuid::parse_str(&r.id).unwrap(),
+            ts_ms: r.ts_ms,
+            client: r.client.clone(),
+            model: r.model.clone(),
+            stream: r.stream,
+            outcome: leak(&r.outcome),
+            status: r.status,
+            class: r.class.as_deref().map(leak),
+            error: r.error.clone(),
+            upstream: r.targets.split(',').next().filter(|n| !n.is_empty()).map(index),
+            queue_ms: r.queue_ms,
+            ttfb_ms: r.ttfb_ms,
+            total_ms: r.total_ms,
+            tokens_in: r.tokens_in,
+            tokens_out: r.tokens_out,
+            partial: r.partial.clone(),
+            n_attempts: r.n_attempts,
+            anomaly: r.anomaly,
+            attempts: if implied {
+                Vec::new()
+            } else {
+                r.attempts
+                    .iter()
+                    .map(|a| AttemptRecord {
+                        upstream: index(&a.upstream),
+                        status: a.status,
+                        class: a.class.as_deref().map(leak),
+                        summary: a.summary.clone(),
+                        verdict: leak(&a.verdict),
+                        wait_ms: a.wait_ms,
+                    })
+                    .collect()
+            },
+            names: names.clone().into(),
+        }
+    }
+
+    fn records(rows: &[Row]) -> Vec<Record> {
+        rows.iter().map(record).collect()
+    }
+
     #[test]
     fn retention_keeps_the_newest_rows_within_age() {
         let dir = tempfile::tempdir().unwrap();
@@ -461,13 +636,9 @@ mod tests {
         let mut conn = open(&path).unwrap();
         let now = jiff::Timestamp::now().as_millisecond();
         let day = 24 * 3600 * 1000;
-        let v7 = |ms: i64| {
-            let ts = uuid::Timestamp::from_unix(uuid::NoContext, (ms / 1000) as u64, ((ms % 1000) * 1_000_000) as u32);
-            uuid::Uuid::new_v7(ts).to_string()
-        };
         let rows: Vec<Row> = (0..10).map(|i| row(v7(now - (10 - i) * day), now - (10 - i) * day)).collect();
         assert!(rows.windows(2).all(|w| w[0].id < w[1].id), "UUIDv7 text sorts like time");
-        insert(&mut conn, &rows).unwrap();
+        insert(&mut conn, &records(&rows)).unwrap();
         let count = |c: &Connection| c.query_row("SELECT count(*) FROM requests", [], |r| r.get::<_, i64>(0)).unwrap();
         let deleted =
             prune(&conn, &Retention { max_age: Duration::from_secs(5 * 24 * 3600 + 60), max_rows: 100 }, 10).unwrap();
@@ -485,19 +656,20 @@ mod tests {
         let path = dir.path().join("j.db");
         let mut conn = open(&path).unwrap();
         let ok = AttemptRow { upstream: "u".into(), status: Some(200), verdict: "ok".into(), ..Default::default() };
-        let plain = Row { targets: "u".into(), attempts: vec![ok.clone()], ..row("a".into(), 1) };
+        let (a, b) = (v7(1), v7(2));
+        let plain = Row { targets: "u".into(), attempts: vec![ok.clone()], ..row(a.clone(), 1) };
         let retried = AttemptRow {
             status: Some(429),
             class: Some("capacity".into()),
             verdict: "retry_same".into(),
             ..ok.clone()
         };
-        let twice = Row { targets: "u".into(), n_attempts: 2, attempts: vec![retried, ok], ..row("b".into(), 2) };
-        insert(&mut conn, &[plain.clone(), twice.clone()]).unwrap();
+        let twice = Row { targets: "u".into(), n_attempts: 2, attempts: vec![retried, ok], ..row(b.clone(), 2) };
+        insert(&mut conn, &records(&[plain.clone(), twice.clone()])).unwrap();
         let stored: i64 = conn.query_row("SELECT count(*) FROM attempts", [], |r| r.get(0)).unwrap();
         assert_eq!(stored, 2, "only the retried request's attempts are rows");
-        assert_eq!(get(&path, "a").unwrap().unwrap().attempts, plain.attempts);
-        assert_eq!(get(&path, "b").unwrap().unwrap().attempts, twice.attempts);
+        assert_eq!(get(&path, &a).unwrap().unwrap().attempts, plain.attempts);
+        assert_eq!(get(&path, &b).unwrap().unwrap().attempts, twice.attempts);
     }
 
     #[test]
@@ -507,10 +679,6 @@ mod tests {
         assert!(list(&path, &Query { limit: 5, ..Default::default() }).unwrap().is_empty(), "no file yet: empty");
         let mut conn = open(&path).unwrap();
         let now = jiff::Timestamp::now().as_millisecond();
-        let v7 = |ms: i64| {
-            let ts = uuid::Timestamp::from_unix(uuid::NoContext, (ms / 1000) as u64, ((ms % 1000) * 1_000_000) as u32);
-            uuid::Uuid::new_v7(ts).to_string()
-        };
         let rows: Vec<Row> = (0..20)
             .map(|i| {
                 let ts = now - (20 - i) * 60_000;
@@ -522,7 +690,7 @@ mod tests {
                 }
             })
             .collect();
-        insert(&mut conn, &rows).unwrap();
+        insert(&mut conn, &records(&rows)).unwrap();
         let ids = |q: Query| list(&path, &q).unwrap().into_iter().map(|r| r.id).collect::<Vec<_>>();
         let want = |pick: &dyn Fn(usize) -> bool| {
             rows.iter().enumerate().rev().filter(|(i, _)| pick(*i)).map(|(_, r)| r.id.clone()).collect::<Vec<_>>()
@@ -548,5 +716,37 @@ mod tests {
             .unwrap()
             .join(" / ");
         assert!(plan.contains("requests_by_outcome"), "{plan}");
+    }
+
+    #[test]
+    fn batches_larger_than_one_statement_keep_every_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut conn = open(&path).unwrap();
+        let rows: Vec<Row> = (0..70)
+            .map(|i| Row {
+                client: Some(format!("c{i}")),
+                model: Some("m".into()),
+                stream: i % 2 == 0,
+                class: (i % 3 == 0).then(|| "capacity".into()),
+                error: (i % 3 == 0).then(|| format!("e{i}")),
+                targets: "u".into(),
+                queue_ms: i as f64,
+                ttfb_ms: Some(1.5),
+                total_ms: 2.5,
+                tokens_in: Some(i as u64),
+                tokens_out: None,
+                partial: (i == 69).then(|| "part".into()),
+                anomaly: i == 5,
+                ..row(v7(1_000 + i as i64), 1_000 + i as i64)
+            })
+            .collect();
+        insert(&mut conn, &records(&rows)).unwrap();
+        let back = list(&path, &Query { limit: 100, ..Default::default() }).unwrap();
+        assert_eq!(back.len(), 70, "two 32-row statements and six single rows");
+        for (got, want) in back.iter().rev().zip(&rows) {
+            let (g, w) = (serde_json::to_value(got).unwrap(), serde_json::to_value(want).unwrap());
+            assert_eq!(g, w);
+        }
     }
 }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use std::sync::Arc;
 
 use crate::classify::Class;
-use crate::journal::{AttemptRow, Journal, Row};
+use crate::journal::{AttemptRecord, Journal, Record};
 use crate::metrics::{Metrics, Sample};
 use crate::relay::AttemptLog;
 use crate::stream::sse::Usage;
@@ -145,47 +145,49 @@ impl Report {
         });
     }
 
-    fn row(&self, outcome: Outcome, sink: &Sink) -> Row {
+    /// The journal's record; moves what the report owns (it is finished).
+    fn record(&mut self, outcome: Outcome, sink: &Sink) -> Record {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        let name = |i: usize| sink.names.get(i).cloned().unwrap_or_default();
-        let mut targets: Vec<String> = Vec::new();
-        for a in &self.attempts {
-            let n = name(a.upstream);
-            if !targets.contains(&n) {
-                targets.push(n);
-            }
-        }
-        Row {
-            id: self.id.to_string(),
+        // A single plain success is implied by the request row itself.
+        let implied = self.status == 200
+            && matches!(self.attempts.as_slice(), [a] if a.status == Some(200)
+                && a.class.is_none() && a.summary.is_empty() && a.verdict == "ok" && a.wait.is_none());
+        let attempts = if implied {
+            Vec::new()
+        } else {
+            self.attempts
+                .iter_mut()
+                .map(|a| AttemptRecord {
+                    upstream: a.upstream,
+                    status: a.status,
+                    class: a.class.map(Class::as_str),
+                    summary: std::mem::take(&mut a.summary),
+                    verdict: a.verdict,
+                    wait_ms: a.wait.map(ms),
+                })
+                .collect()
+        };
+        Record {
+            id: self.id,
             ts_ms: self.arrived_ms,
-            client: self.client.clone(),
-            model: self.model.clone(),
+            client: self.client.take(),
+            model: self.model.take(),
             stream: self.stream,
-            outcome: outcome.as_str().to_owned(),
+            outcome: outcome.as_str(),
             status: self.status,
-            class: self.class.map(|c| c.as_str().to_owned()),
-            error: self.error.clone(),
-            targets: targets.join(","),
+            class: self.class.map(Class::as_str),
+            error: self.error.take(),
+            names: sink.names.clone(),
+            upstream: self.attempts.first().map(|a| a.upstream),
             queue_ms: ms(self.queue_wait),
             ttfb_ms: self.ttfb.map(ms),
             total_ms: ms(self.started.elapsed()),
             tokens_in: self.usage.input,
             tokens_out: self.usage.output,
-            partial: if sink.keep_partial { self.partial.clone() } else { None },
+            partial: if sink.keep_partial { self.partial.take() } else { None },
             n_attempts: self.attempts.len() as u32,
             anomaly: self.anomaly,
-            attempts: self
-                .attempts
-                .iter()
-                .map(|a| AttemptRow {
-                    upstream: name(a.upstream),
-                    status: a.status,
-                    class: a.class.map(|c| c.as_str().to_owned()),
-                    summary: a.summary.clone(),
-                    verdict: a.verdict.to_owned(),
-                    wait_ms: a.wait.map(ms),
-                })
-                .collect(),
+            attempts,
         }
     }
 
@@ -199,12 +201,21 @@ impl Report {
             return;
         }
         self.finished = true;
-        if let Some(sink) = &self.sink {
+        let sink = self.sink.take();
+        if let Some(sink) = &sink {
             self.count(outcome, sink);
+        }
+        self.log_line(outcome);
+        // Last: the journal's record takes the strings the report owns.
+        if let Some(sink) = &sink {
             if let Some(journal) = &sink.journal {
-                journal.record(self.row(outcome, sink));
+                let record = self.record(outcome, sink);
+                journal.record(record);
             }
         }
+    }
+
+    fn log_line(&self, outcome: Outcome) {
         if !tracing::enabled!(tracing::Level::INFO) {
             return;
         }
