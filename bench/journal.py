@@ -25,6 +25,28 @@ sys.path.insert(0, os.path.dirname(__file__))
 from run import BIN, BODY, TMP, med, start, stop, wait_port, write, wrk_rps  # noqa: E402
 
 SIM, OFF, ON = 19020, 19021, 19022
+
+
+def cpu_seconds(pid):
+    """utime + stime of the whole process (all threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(port, pid):
+    """Saturated req/s, and the gateway's CPU microseconds per request
+    (steal time and a slow neighbour inflate wall time, not this)."""
+    import json as _json
+    script = write("jpost.lua", 'wrk.method = "POST"\nwrk.body = %s\nwrk.headers["Content-Type"] = "application/json"\n'
+                   % _json.dumps(BODY))
+    before = cpu_seconds(pid)
+    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", "-d", "5s", "-s", script,
+                          f"http://127.0.0.1:{port}/v1/chat/completions"], capture_output=True, text=True).stdout
+    used = cpu_seconds(pid) - before
+    total = int(next(l for l in out.splitlines() if "requests in" in l).split()[0])
+    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec")).split()[1])
+    return rps, used * 1e6 / max(total, 1)
 REPS = int(os.environ.get("REPS", 5))
 
 
@@ -45,6 +67,7 @@ models:
     env = {"RUST_LOG": "info", "NO_COLOR": "1"}
     procs = []
     results = {"off": [], "on": []}
+    cpu = {"off": [], "on": []}
     try:
         procs.append(start([BIN, "simulate", "--listen", f"127.0.0.1:{SIM}", "--workers", "1", "--config", sim_cfg],
                            1, {"RUST_LOG": "warn"}, "jsim.log"))
@@ -63,9 +86,12 @@ models:
                     subprocess.run(["taskset", "-p", "-c", cores, tid], check=True, capture_output=True)
                     print(f"journal writer thread {tid} may run on CPUs {cores}", file=sys.stderr)
         print(f"# journal on vs off ({REPS} reps, medians; files in {TMP})", file=sys.stderr)
+        pids = {"off": procs[1].pid, "on": procs[2].pid}
         for rep in range(REPS):
             for name, port in (("off", OFF), ("on", ON)):
-                results[name].append(wrk_rps(port, BODY))
+                rps, us = measured(port, pids[name])
+                results[name].append(rps)
+                cpu[name].append(us)
         time.sleep(2)  # let the writer drain
         req = urllib.request.Request(f"http://127.0.0.1:{ON}/admin/upstreams",
                                      headers={"authorization": "Bearer bench-admin"})
@@ -95,6 +121,11 @@ models:
     print(f"journal off: {off_rps:,.0f} req/s   (runs: {', '.join(f'{r:,.0f}' for r in results['off'])})")
     print(f"journal on:  {on_rps:,.0f} req/s   (runs: {', '.join(f'{r:,.0f}' for r in results['on'])})")
     print(f"ratio on/off: {on_rps / off_rps:.3f}  (target >= 0.95)")
+    per_rep = sorted(on / off for on, off in zip(results["on"], results["off"]))
+    print(f"per-repetition ratios: {', '.join(f'{r:.3f}' for r in per_rep)}  (median {med(per_rep):.3f})")
+    c_off, c_on = med(cpu["off"]), med(cpu["on"])
+    print(f"gateway CPU per request: off {c_off:.2f} us, on {c_on:.2f} us (writer included)"
+          f" -> throughput ratio on one dedicated core {c_off / c_on:.3f}")
     print(f"journal rows: {rows:,}; rows dropped: {dropped}")
     print("dashboard reads under saturating load, median of 15:")
     for path, ms in reads.items():

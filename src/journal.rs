@@ -239,6 +239,8 @@ impl Journal {
 const SCHEMA: &str = "
 PRAGMA journal_mode = WAL;
 PRAGMA synchronous = NORMAL;
+PRAGMA wal_autocheckpoint = 4000;
+PRAGMA journal_size_limit = 67108864;
 CREATE TABLE IF NOT EXISTS requests (
     id TEXT PRIMARY KEY, ts_ms INTEGER NOT NULL, client TEXT, model TEXT, stream INTEGER NOT NULL,
     outcome TEXT NOT NULL, status INTEGER NOT NULL, class TEXT, error TEXT, targets TEXT NOT NULL,
