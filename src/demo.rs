@@ -121,6 +121,9 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         anthropic_model: "demo-claude".into(),
     };
     let direct = burst(n, &aim(sim.openai_url(), sim.anthropic_url()), bar("straight to it")).await;
+    if options.progress {
+        eprintln!(); // a finished bar stays; the next one starts below it
+    }
     drop(sim);
 
     let sim = Simulator::start(loopback(), scenario).context("cannot start the simulator")?;
@@ -128,6 +131,9 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
     let gateway = crate::server::start(gateway_config(&sim, &options.journal)?).await?;
     let base = format!("http://{}", gateway.addr);
     let through = burst(n, &aim(format!("{base}/v1"), base), bar("through tidegate")).await;
+    if options.progress {
+        eprintln!();
+    }
     let behind = read_journal(&options.journal, n).await;
     drop(gateway);
     Ok(Report { requests: n, direct, gateway: through, behind, journal: options.journal.clone() })
