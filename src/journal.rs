@@ -98,8 +98,8 @@ pub struct Record {
     pub ts_ms: i64,
     /// Client key name.
     pub client: Option<String>,
-    /// Model alias.
-    pub model: Option<String>,
+    /// Model alias (shared with the config when it is a configured one).
+    pub model: Option<Arc<str>>,
     /// SSE requested.
     pub stream: bool,
     /// completed, incomplete, failed, cancelled, rejected.
@@ -353,7 +353,7 @@ fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, r: &Record) -> 
     stmt.raw_bind_parameter(base + 1, &*r.id.hyphenated().encode_lower(&mut id))?;
     stmt.raw_bind_parameter(base + 2, r.ts_ms)?;
     stmt.raw_bind_parameter(base + 3, &r.client)?;
-    stmt.raw_bind_parameter(base + 4, &r.model)?;
+    stmt.raw_bind_parameter(base + 4, r.model.as_deref())?;
     stmt.raw_bind_parameter(base + 5, r.stream)?;
     stmt.raw_bind_parameter(base + 6, r.outcome)?;
     stmt.raw_bind_parameter(base + 7, r.status)?;
@@ -593,7 +593,7 @@ mod tests {
             id: uuid::Uuid::parse_str(&r.id).unwrap(),
             ts_ms: r.ts_ms,
             client: r.client.clone(),
-            model: r.model.clone(),
+            model: r.model.as_deref().map(Arc::from),
             stream: r.stream,
             outcome: leak(&r.outcome),
             status: r.status,

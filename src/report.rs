@@ -57,8 +57,9 @@ pub struct Report {
     pub started: Instant,
     /// Client key name.
     pub client: Option<String>,
-    /// Model alias asked for.
-    pub model: Option<String>,
+    /// Model alias asked for (shared with the config for a known alias,
+    /// so recording it allocates nothing).
+    pub model: Option<Arc<str>>,
     /// Client asked for SSE.
     pub stream: bool,
     /// Upstream that gave the final answer.

@@ -188,9 +188,13 @@ async fn prepare(
         .map(str::to_owned);
     let body = read_body(body, &parts.headers, gw.config.max_body).await?;
     let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
-    report.model = Some(head.model.clone());
     report.stream = head.stream;
-    let (route, (_, model)) = match gw.config.models.get_full(&head.model) {
+    let found = gw.config.models.get_full(&head.model);
+    report.model = Some(match found.and_then(|(i, _, _)| gw.aliases.get(i)) {
+        Some(alias) => alias.clone(),
+        None => Arc::from(head.model.as_str()),
+    });
+    let (route, (_, model)) = match found {
         Some((index, _, model)) if model.protocol == protocol => (index, (index, model)),
         Some((_, _, model)) => {
             return Err(GatewayError::UnknownModel(format!(

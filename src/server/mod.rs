@@ -36,6 +36,8 @@ pub struct Gateway {
     pub journal: Option<Journal>,
     /// Upstream names by index (for records).
     pub names: Arc<[String]>,
+    /// Model aliases by route index, shared by every request's record.
+    pub aliases: Vec<Arc<str>>,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// Per-client flood warnings.
@@ -68,7 +70,8 @@ impl Gateway {
         let anomaly = Anomaly::new(config.anomaly.clone());
         let names: Arc<[String]> = names;
         let recent = Arc::new(Recent::new(names.clone()));
-        Ok(Self { config, upstreams, journal, names, metrics: Arc::new(metrics), anomaly, recent })
+        let aliases = config.models.keys().map(|a| Arc::from(a.as_str())).collect();
+        Ok(Self { config, upstreams, journal, names, aliases, metrics: Arc::new(metrics), anomaly, recent })
     }
 }
 
