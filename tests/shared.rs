@@ -267,3 +267,59 @@ async fn a_flood_on_one_replica_does_not_starve_the_other() {
     assert!(b_waited <= Duration::from_millis(800), "B waited {b_waited:?} behind A's flood of {flood_took:?}");
     assert!(sim.state.max_in_flight_of("capped") <= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rate_buckets_and_the_learned_limit_are_shared() {
+    let redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { reject_over: Some(2), latency_ms: 150, ..Default::default() })]);
+    // rpm 4: a minute's worth (4) may burst, then one per 15 s.
+    let rated =
+        |addr: &str| config(addr, &redis.url(), &sim, ", rpm: 4").replace("max_concurrent: 3", "max_concurrent: 8");
+    let a = gateway(&rated("127.0.0.1:0")).await;
+    let b = gateway(&rated("127.0.0.1:0")).await;
+    let (a_base, b_base) = (format!("http://{}", a.addr), format!("http://{}", b.addr));
+    wait_shared(&a_base, true).await;
+    wait_shared(&b_base, true).await;
+    for _ in 0..4 {
+        assert_eq!(ask(&a_base, "slow", Some("5s")).await.status(), 200);
+    }
+    let started = Instant::now();
+    let fifth = ask(&b_base, "slow", Some("2s")).await;
+    assert_eq!(fifth.status(), 504, "B's bucket is A's: the fifth request of the minute cannot start within 2 s");
+    assert!(started.elapsed() < Duration::from_millis(1500), "answered at once, not after waiting in vain");
+
+    // The learned concurrency limit: A meets the cap of 2 (429 3009) and
+    // lowers the shared limit; B, without ever seeing a 429, uses it.
+    let c =
+        gateway(&config("127.0.0.1:0", &redis.url(), &sim, "").replace("max_concurrent: 3", "max_concurrent: 8")).await;
+    let d =
+        gateway(&config("127.0.0.1:0", &redis.url(), &sim, "").replace("max_concurrent: 3", "max_concurrent: 8")).await;
+    let (c_base, d_base) = (format!("http://{}", c.addr), format!("http://{}", d.addr));
+    wait_shared(&c_base, true).await;
+    wait_shared(&d_base, true).await;
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            let base = c_base.clone();
+            tokio::spawn(async move { ask(&base, "capped", Some("20s")).await.status().as_u16() })
+        })
+        .collect();
+    for t in burst {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let mut conn = redis.conn().await;
+    let limit: String = redis::cmd("GET").arg("tidegate:{sim}:limit").query_async(&mut conn).await.unwrap();
+    let limit: f64 = limit.parse().unwrap();
+    assert!(limit < 8.0, "the shared limit was lowered from 8: {limit}");
+    assert_eq!(ask(&d_base, "capped", Some("5s")).await.status(), 200);
+    let state: Value = client()
+        .get(format!("{d_base}/admin/upstreams"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let seen = state["upstreams"][0]["effective_limit"].as_u64().unwrap();
+    assert!(seen < 8, "D uses the limit C learned: {state}");
+}
