@@ -233,3 +233,33 @@ async fn malformed_deadline_header_is_a_clear_400() {
     assert!(v["error"]["message"].as_str().unwrap().contains("x-tidegate-deadline"));
     assert_serves(&gw).await;
 }
+
+#[tokio::test]
+async fn a_providers_retry_after_holds_new_requests_until_then() {
+    let limited = Behavior {
+        script: vec![
+            Fault::new(429, r#"{"error":{"message":"Rate limit reached","type":"requests"}}"#)
+                .header("retry-after", "1"),
+        ],
+        ..Default::default()
+    };
+    let sim = sim(&[("real-gpt", limited)]);
+    let top = "defaults:\n  stream_keepalive_after: 200ms\n  stream_keepalive_every: 200ms";
+    let gw = gateway(&yaml(&sim, top, "", "")).await;
+    let body = r#"{"model":"gpt","messages":[{"role":"user","content":"hi"}]}"#;
+    // The first request meets the 429 and, with only 500 ms to spend,
+    // answers at once with the provider's wait.
+    let first = post_with(&gw, "/v1/chat/completions", ("x-tidegate-deadline", "500ms"), body).await;
+    assert_eq!(first.status(), 429);
+    // A new streaming request is held until the second is over — nothing
+    // is sent upstream meanwhile — and the client hears why.
+    let started = Instant::now();
+    let stream = r#"{"model":"gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = post_with(&gw, "/v1/chat/completions", ("x-tidegate-deadline", "10s"), stream).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(700), "sent before the provider's Retry-After ran out");
+    assert!(text.starts_with(": waiting for capacity — before the first attempt\n\n"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(sim.state.received().len(), 2, "one refused request, one held then sent");
+}

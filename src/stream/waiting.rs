@@ -82,6 +82,10 @@ impl WaitingBody {
     fn comment(&self) -> Bytes {
         let attempt = self.progress.attempt.load(Ordering::Relaxed);
         let upstream = self.names.get(self.progress.upstream.load(Ordering::Relaxed)).map_or("-", String::as_str);
+        if attempt == 0 {
+            // Nothing sent yet: queued, or held by a provider's Retry-After.
+            return Bytes::from_static(": waiting for capacity — before the first attempt\n\n".as_bytes());
+        }
         Bytes::from(format!(": waiting for capacity — attempt {attempt} on {upstream}\n\n"))
     }
 
