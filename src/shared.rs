@@ -39,6 +39,8 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+/// Every key starts with this, then `{upstream}`.
+const PREFIX: &str = "tidegate";
 /// Fallback wake-up of a shared waiter when no release message arrives.
 const POLL: Duration = Duration::from_millis(250);
 /// Longest wait for Redis on the request path before it counts as down.
@@ -166,16 +168,64 @@ struct Scripts {
     health: Script,
 }
 
+/// One upstream's Redis keys and its waiters' wake-up, built once: the
+/// request path never formats a key.
+struct Keys {
+    name: String,
+    leases: String,
+    waiters: String,
+    waiters_exp: String,
+    limit: String,
+    released: String,
+    rpm: String,
+    tpm: String,
+    hold: String,
+    open: String,
+    wake: Notify,
+}
+
+impl Keys {
+    fn new(prefix: &str, name: &str) -> Self {
+        let key = |what: &str| format!("{prefix}:{{{name}}}:{what}");
+        Keys {
+            name: name.to_owned(),
+            leases: key("leases"),
+            waiters: key("waiters"),
+            waiters_exp: key("waiters_exp"),
+            limit: key("limit"),
+            released: key("released"),
+            rpm: key("rpm"),
+            tpm: key("tpm"),
+            hold: key("hold"),
+            open: key("open"),
+            wake: Notify::new(),
+        }
+    }
+
+    /// The rate bucket `what` (`rpm` or `tpm`).
+    fn rate(&self, what: &str) -> &str {
+        if what == "rpm" { &self.rpm } else { &self.tpm }
+    }
+
+    /// The health key of `kind` (`hold` or `open`).
+    fn health(&self, kind: &str) -> &str {
+        if kind == "open" { &self.open } else { &self.hold }
+    }
+}
+
 /// The connection to the shared store and what rides on it.
 pub struct SharedState {
     conn: ConnectionManager,
     up: AtomicBool,
     ttl: Duration,
-    prefix: String,
+    health_channel: String,
     replica: String,
     next: AtomicU64,
     scripts: Scripts,
-    wake: HashMap<String, Arc<Notify>>,
+    /// Per upstream name.
+    upstreams: HashMap<String, Arc<Keys>>,
+    /// The same, by release channel (for incoming messages).
+    by_channel: HashMap<String, Arc<Keys>>,
     events: std::sync::Mutex<Option<mpsc::UnboundedReceiver<HealthEvent>>>,
     events_tx: mpsc::UnboundedSender<HealthEvent>,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
@@ -203,9 +253,7 @@ pub struct SharedError(String);
 /// A shared concurrency lease; given back when dropped (in a task), and
 /// renewed until then.
 pub struct SharedLease {
-    state: Arc<SharedState>,
-    upstream: String,
-    id: String,
+    spot: Spot,
     renewer: JoinHandle<()>,
 }
 
@@ -214,37 +262,31 @@ impl SharedLease {
     /// lease does the same in the background).
     pub async fn give_back(mut self) {
         self.renewer.abort();
-        let (upstream, id) = (std::mem::take(&mut self.upstream), std::mem::take(&mut self.id));
-        self.state.release(&upstream, &id).await;
+        self.spot.armed = false;
+        self.spot.state.release(&self.spot.keys, &self.spot.id).await;
     }
 }
 
 impl Drop for SharedLease {
     fn drop(&mut self) {
         self.renewer.abort();
-        if self.id.is_empty() {
-            return; // given back already
-        }
-        let (state, upstream, id) =
-            (self.state.clone(), std::mem::take(&mut self.upstream), std::mem::take(&mut self.id));
-        tokio::spawn(async move { state.release(&upstream, &id).await });
     }
 }
 
-/// A waiter registered in the shared queue: leaves it when dropped.
-struct WaiterSpot {
+/// A lease or a place in the shared waiting line: while `armed`, dropping
+/// it removes it from Redis (in a task: drops cannot wait).
+struct Spot {
     state: Arc<SharedState>,
-    upstream: String,
+    keys: Arc<Keys>,
     id: String,
     armed: bool,
 }
 
-impl Drop for WaiterSpot {
+impl Drop for Spot {
     fn drop(&mut self) {
         if self.armed {
-            let (state, upstream, id) =
-                (self.state.clone(), std::mem::take(&mut self.upstream), std::mem::take(&mut self.id));
-            tokio::spawn(async move { state.release(&upstream, &id).await });
+            let (state, keys, id) = (self.state.clone(), self.keys.clone(), std::mem::take(&mut self.id));
+            tokio::spawn(async move { state.release(&keys, &id).await });
         }
     }
 }
@@ -276,11 +318,12 @@ impl SharedState {
             .set_automatic_resubscription();
         let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| SharedError(e.to_string()))?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let keys: Vec<Arc<Keys>> = upstreams.iter().map(|u| Arc::new(Keys::new(PREFIX, u))).collect();
         let state = Arc::new(SharedState {
+            health_channel: format!("{PREFIX}:health"),
             conn,
             up: AtomicBool::new(false),
             ttl,
-            prefix: "tidegate".into(),
             replica: uuid::Uuid::now_v7().simple().to_string(),
             next: AtomicU64::new(0),
             scripts: Scripts {
@@ -293,7 +336,8 @@ impl SharedState {
                 grow: Script::new(GROW),
                 health: Script::new(HEALTH),
             },
-            wake: upstreams.iter().map(|u| (u.clone(), Arc::new(Notify::new()))).collect(),
+            upstreams: keys.iter().map(|k| (k.name.clone(), k.clone())).collect(),
+            by_channel: keys.iter().map(|k| (k.released.clone(), k.clone())).collect(),
             events: std::sync::Mutex::new(Some(events_rx)),
             events_tx,
             tasks: std::sync::Mutex::new(Vec::new()),
@@ -315,10 +359,6 @@ impl SharedState {
     /// Whether the shared store answered last time it was asked.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
-    }
-
-    fn key(&self, upstream: &str, what: &str) -> String {
-        format!("{}:{{{upstream}}}:{what}", self.prefix)
     }
 
     fn down(&self, err: &redis::RedisError) {
@@ -348,32 +388,26 @@ impl SharedState {
     /// Waits for a slot under the shared limit of `upstream` (`cap`: its
     /// declared or adaptive maximum) until `deadline`.
     pub async fn acquire(self: &Arc<Self>, upstream: &str, cap: u32, deadline: Instant) -> SharedSlot {
+        let Some(keys) = self.upstreams.get(upstream) else { return SharedSlot::Unavailable };
         let id = format!("{}-{}", self.replica, self.next.fetch_add(1, Ordering::Relaxed));
-        let (leases, waiters, expiry, limit) = (
-            self.key(upstream, "leases"),
-            self.key(upstream, "waiters"),
-            self.key(upstream, "waiters_exp"),
-            self.key(upstream, "limit"),
-        );
-        let wake = self.wake.get(upstream).cloned().unwrap_or_default();
-        let mut spot = WaiterSpot { state: self.clone(), upstream: upstream.to_owned(), id: id.clone(), armed: false };
+        let mut spot = Spot { state: self.clone(), keys: keys.clone(), id, armed: false };
         loop {
-            let notified = wake.notified();
+            let notified = keys.wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let mut inv = self.scripts.acquire.prepare_invoke();
-            inv.key(&leases).key(&waiters).key(&expiry).key(&limit);
-            inv.arg(&id).arg(self.ttl.as_millis() as u64).arg(cap);
+            inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.limit);
+            inv.arg(&spot.id).arg(self.ttl.as_millis() as u64).arg(cap);
             let Some((taken, limit_now, _held)) = self.call::<(u8, u32, u32)>(inv).await else {
                 return SharedSlot::Unavailable;
             };
-            if taken == 1 {
-                spot.armed = false;
-                let renewer = tokio::spawn(renew(Arc::downgrade(self), leases.clone(), id.clone(), self.ttl));
-                let lease = SharedLease { state: self.clone(), upstream: upstream.to_owned(), id, renewer };
-                return SharedSlot::Leased(lease, limit_now);
-            }
+            // Registered as a waiter or holding a lease: either way it must
+            // leave Redis when dropped.
             spot.armed = true;
+            if taken == 1 {
+                let renewer = tokio::spawn(renew(Arc::downgrade(self), keys.clone(), spot.id.clone(), self.ttl));
+                return SharedSlot::Leased(SharedLease { spot, renewer }, limit_now);
+            }
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep(POLL) => {}
@@ -382,13 +416,9 @@ impl SharedState {
         }
     }
 
-    async fn release(&self, upstream: &str, id: &str) {
+    async fn release(&self, keys: &Keys, id: &str) {
         let mut inv = self.scripts.release.prepare_invoke();
-        inv.key(self.key(upstream, "leases"))
-            .key(self.key(upstream, "waiters"))
-            .key(self.key(upstream, "waiters_exp"))
-            .key(self.key(upstream, "released"))
-            .arg(id);
+        inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.released).arg(id);
         let _ = self.call::<i64>(inv).await;
     }
 
@@ -402,42 +432,47 @@ impl SharedState {
         limit: u64,
         period: Duration,
     ) -> Option<Duration> {
+        let keys = self.upstreams.get(upstream)?;
         let interval = period.as_secs_f64() * 1000.0 / limit.max(1) as f64;
         let mut inv = self.scripts.gcra.prepare_invoke();
-        inv.key(self.key(upstream, what)).arg(cost).arg(interval).arg(period.as_millis() as u64);
+        inv.key(keys.rate(what)).arg(cost).arg(interval).arg(period.as_millis() as u64);
         self.call::<u64>(inv).await.map(Duration::from_millis)
     }
 
     /// Corrects a shared rate reservation by `delta` units.
     pub async fn adjust(&self, upstream: &str, what: &str, delta: i64, limit: u64, period: Duration) {
+        let Some(keys) = self.upstreams.get(upstream) else { return };
         let interval = period.as_secs_f64() * 1000.0 / limit.max(1) as f64;
         let mut inv = self.scripts.gcra_adjust.prepare_invoke();
-        inv.key(self.key(upstream, what)).arg(delta).arg(interval);
+        inv.key(keys.rate(what)).arg(delta).arg(interval);
         let _ = self.call::<i64>(inv).await;
     }
 
     /// "Concurrency limit" seen: the shared limit drops to ×0.75 of the
     /// leases all replicas hold. Returns the new limit.
     pub async fn lower(&self, upstream: &str, cap: u32) -> Option<f64> {
+        let keys = self.upstreams.get(upstream)?;
         let mut inv = self.scripts.lower.prepare_invoke();
-        inv.key(self.key(upstream, "leases")).key(self.key(upstream, "limit")).arg(cap);
+        inv.key(&keys.leases).key(&keys.limit).arg(cap);
         self.call::<String>(inv).await.and_then(|s| s.parse().ok())
     }
 
     /// A success while the shared limit is below `cap`: grow it.
     pub async fn grow(&self, upstream: &str, cap: u32) -> Option<f64> {
+        let keys = self.upstreams.get(upstream)?;
         let mut inv = self.scripts.grow.prepare_invoke();
-        inv.key(self.key(upstream, "limit")).arg(cap);
+        inv.key(&keys.limit).arg(cap);
         self.call::<String>(inv).await.and_then(|s| s.parse().ok())
     }
 
     /// Tells the other replicas that `upstream` cools down (or has its
     /// breaker open) for `left`.
     pub async fn announce(&self, upstream: &str, kind: &str, left: Duration) {
+        let Some(keys) = self.upstreams.get(upstream) else { return };
         let ms = left.as_millis().max(1) as u64;
         let mut inv = self.scripts.health.prepare_invoke();
-        inv.key(self.key(upstream, kind))
-            .key(format!("{}:health", self.prefix))
+        inv.key(keys.health(kind))
+            .key(&self.health_channel)
             .arg(kind)
             .arg(ms)
             .arg(format!("{}|{kind}|{ms}|{upstream}", self.replica));
@@ -448,12 +483,12 @@ impl SharedState {
     /// breakers other replicas announced before.
     async fn join(&self) -> redis::RedisResult<()> {
         let mut conn = self.conn.clone();
-        let mut channels: Vec<String> = self.wake.keys().map(|u| self.key(u, "released")).collect();
-        channels.push(format!("{}:health", self.prefix));
+        let mut channels: Vec<&str> = self.by_channel.keys().map(String::as_str).collect();
+        channels.push(&self.health_channel);
         conn.subscribe(&channels).await?;
-        for upstream in self.wake.keys() {
+        for (upstream, keys) in &self.upstreams {
             for kind in ["hold", "open"] {
-                let left: i64 = redis::cmd("PTTL").arg(self.key(upstream, kind)).query_async(&mut conn).await?;
+                let left: i64 = redis::cmd("PTTL").arg(keys.health(kind)).query_async(&mut conn).await?;
                 if left > 0 {
                     let left = Duration::from_millis(left as u64);
                     let _ = self.events_tx.send(HealthEvent { upstream: upstream.clone(), kind: kind.into(), left });
@@ -466,12 +501,12 @@ impl SharedState {
 }
 
 /// Renews a lease every third of its TTL until aborted.
-async fn renew(state: std::sync::Weak<SharedState>, leases: String, id: String, ttl: Duration) {
+async fn renew(state: std::sync::Weak<SharedState>, keys: Arc<Keys>, id: String, ttl: Duration) {
     loop {
         tokio::time::sleep(ttl / 3).await;
         let Some(state) = state.upgrade() else { return };
         let mut inv = state.scripts.renew.prepare_invoke();
-        inv.key(&leases).arg(&id).arg(ttl.as_millis() as u64);
+        inv.key(&keys.leases).arg(&id).arg(ttl.as_millis() as u64);
         if state.call::<i64>(inv).await == Some(0) {
             tracing::warn!(
                 "a shared lease expired before it was renewed (replica paused longer than state_lease_ttl?)"
@@ -519,10 +554,8 @@ async fn read_messages(state: std::sync::Weak<SharedState>, mut pushes: mpsc::Un
                 };
                 let channel = String::from_utf8_lossy(channel);
                 let payload = String::from_utf8_lossy(payload);
-                if channel.ends_with(":released") {
-                    if let Some(notify) = state.wake.iter().find(|(u, _)| state.key(u, "released") == channel) {
-                        notify.1.notify_waiters();
-                    }
+                if let Some(keys) = state.by_channel.get(channel.as_ref()) {
+                    keys.wake.notify_waiters();
                 } else if let Some(event) = parse_health(&payload, &state.replica) {
                     let _ = state.events_tx.send(event);
                 }
