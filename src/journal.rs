@@ -152,6 +152,19 @@ pub struct AttemptRecord {
     pub wait_ms: Option<f64>,
 }
 
+impl AttemptRecord {
+    /// What a request with status 200 and this as its only attempt does
+    /// not store, because its row implies it ([`implied_attempt`] is the
+    /// inverse).
+    pub fn is_plain_success(&self) -> bool {
+        self.status == Some(200)
+            && self.class.is_none()
+            && self.summary.is_empty()
+            && self.verdict == "ok"
+            && self.wait_ms.is_none()
+    }
+}
+
 impl Record {
     fn name(&self, i: usize) -> &str {
         self.names.get(i).map_or("", String::as_str)
@@ -413,14 +426,10 @@ fn insert(conn: &mut Connection, batch: &[Record]) -> rusqlite::Result<()> {
     tx.commit()
 }
 
-/// Deletes requests older than `max_age` and beyond `max_rows` (`rows`:
-/// how many the table holds), with their attempts; returns how many
-/// requests it deleted. Both bounds are key ranges on the time-ordered
-/// id, so no pass over the whole table.
-/// The attempt a request row implies by itself: a single plain success on
-/// the one upstream it names. Such an attempt (most requests) is not
-/// stored as its own row, which halves the writer's inserts; [`get`]
-/// gives it back, identical.
+/// The attempt a request row implies by itself: a single plain success
+/// (see [`AttemptRecord::is_plain_success`]) on the one upstream it names.
+/// Such an attempt (most requests) is not stored as its own row, which
+/// halves the writer's inserts; [`get`] gives it back, identical.
 fn implied_attempt(r: &Row) -> Option<AttemptRow> {
     (r.n_attempts == 1 && r.status == 200 && !r.targets.contains(',')).then(|| AttemptRow {
         upstream: r.targets.clone(),
@@ -432,6 +441,10 @@ fn implied_attempt(r: &Row) -> Option<AttemptRow> {
     })
 }
 
+/// Deletes requests older than `max_age` and beyond `max_rows` (`rows`:
+/// how many the table holds), with their attempts; returns how many
+/// requests it deleted. Both bounds are key ranges on the time-ordered
+/// id, so no pass over the whole table.
 fn prune(conn: &Connection, retention: &Retention, rows: u64) -> rusqlite::Result<u64> {
     let now_ms = jiff::Timestamp::now().as_millisecond();
     let mut keep_from = id_at(now_ms - retention.max_age.as_millis() as i64);

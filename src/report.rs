@@ -149,24 +149,22 @@ impl Report {
     /// The journal's record; moves what the report owns (it is finished).
     fn record(&mut self, outcome: Outcome, sink: &Sink) -> Record {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        // A single plain success is implied by the request row itself.
-        let implied = self.status == 200
-            && matches!(self.attempts.as_slice(), [a] if a.status == Some(200)
-                && a.class.is_none() && a.summary.is_empty() && a.verdict == "ok" && a.wait.is_none());
-        let attempts = if implied {
-            Vec::new()
-        } else {
-            self.attempts
-                .iter_mut()
-                .map(|a| AttemptRecord {
-                    upstream: a.upstream,
-                    status: a.status,
-                    class: a.class.map(Class::as_str),
-                    summary: std::mem::take(&mut a.summary),
-                    verdict: a.verdict,
-                    wait_ms: a.wait.map(ms),
-                })
-                .collect()
+        let to_record = |a: &mut AttemptLog| AttemptRecord {
+            upstream: a.upstream,
+            status: a.status,
+            class: a.class.map(Class::as_str),
+            summary: std::mem::take(&mut a.summary),
+            verdict: a.verdict,
+            wait_ms: a.wait.map(ms),
+        };
+        let status = self.status;
+        let attempts = match self.attempts.as_mut_slice() {
+            // A single plain success is implied by the request row itself.
+            [only] if status == 200 => {
+                let only = to_record(only);
+                if only.is_plain_success() { Vec::new() } else { vec![only] }
+            }
+            all => all.iter_mut().map(to_record).collect(),
         };
         Record {
             id: self.id,
