@@ -230,12 +230,10 @@ impl Config {
         }
         let mut problems = Vec::new();
         env::interpolate(&mut tree, "", lookup, &mut problems);
-        let raw: raw::RawConfig = match serde_path_to_error::deserialize(tree) {
+        let raw: raw::RawConfig = match from_tree(tree) {
             Ok(raw) => raw,
-            Err(err) => {
-                let path = err.path().to_string();
-                let inner = err.into_inner().to_string();
-                problems.push(if path == "." { inner } else { format!("{path}: {inner}") });
+            Err(problem) => {
+                problems.push(problem);
                 return Err(ConfigError::Invalid(problems));
             }
         };
@@ -255,4 +253,15 @@ impl Config {
     pub fn aliases(&self, protocol: Protocol) -> impl Iterator<Item = &str> {
         self.models.iter().filter(move |(_, r)| r.protocol == protocol).map(|(name, _)| name.as_str())
     }
+}
+
+/// Deserializes a parsed YAML tree; an error names the field's path
+/// (`upstreams[1].base_url: …`). Shared by the config and the simulator's
+/// scenario files.
+pub fn from_tree<T: serde::de::DeserializeOwned>(tree: yaml_serde::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(tree).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner().to_string();
+        if path == "." { inner } else { format!("{path}: {inner}") }
+    })
 }

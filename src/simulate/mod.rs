@@ -225,11 +225,7 @@ impl SimConfig {
     /// errors name the field.
     pub fn from_yaml(text: &str) -> Result<SimConfig, ScenarioError> {
         let tree: yaml_serde::Value = yaml_serde::from_str(text).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
-        serde_path_to_error::deserialize(tree).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner().to_string();
-            ScenarioError::Invalid(if path == "." { inner } else { format!("{path}: {inner}") })
-        })
+        crate::config::from_tree(tree).map_err(ScenarioError::Invalid)
     }
 }
 
