@@ -236,13 +236,7 @@ async fn malformed_deadline_header_is_a_clear_400() {
 
 #[tokio::test]
 async fn a_providers_retry_after_holds_new_requests_until_then() {
-    let limited = Behavior {
-        script: vec![
-            Fault::new(429, r#"{"error":{"message":"Rate limit reached","type":"requests"}}"#)
-                .header("retry-after", "1"),
-        ],
-        ..Default::default()
-    };
+    let limited = rate_limited_once("1");
     let sim = sim(&[("real-gpt", limited)]);
     let top = "defaults:\n  stream_keepalive_after: 200ms\n  stream_keepalive_every: 200ms";
     let gw = gateway(&yaml(&sim, top, "", "")).await;

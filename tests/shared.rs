@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-use tidegate::simulate::{Behavior, Fault};
+use tidegate::simulate::Behavior;
 
 const ADMIN: &str = "shared-admin";
 
@@ -62,15 +62,19 @@ async fn process_replica(redis: &str, sim: &tidegate::simulate::Simulator) -> Pr
     p
 }
 
+/// The replica's `/admin/upstreams` (Null while it cannot answer).
+async fn upstreams(base: &str) -> Value {
+    match client().get(format!("{base}/admin/upstreams")).bearer_auth(ADMIN).send().await {
+        Ok(resp) => resp.json().await.unwrap_or(Value::Null),
+        Err(_) => Value::Null,
+    }
+}
+
 /// Waits (bounded) until the replica at `base` reports shared state `up`.
 async fn wait_shared(base: &str, up: bool) {
     for _ in 0..100 {
-        if let Ok(resp) = client().get(format!("{base}/admin/upstreams")).bearer_auth(ADMIN).send().await {
-            if let Ok(v) = resp.json::<Value>().await {
-                if v["upstreams"][0]["shared"] == up {
-                    return;
-                }
-            }
+        if upstreams(base).await["upstreams"][0]["shared"] == up {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -195,13 +199,7 @@ async fn redis_down_means_local_limits_and_back_means_shared() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_replicas_retry_after_makes_the_other_hold_off() {
     let redis = Redis::start();
-    let limited = Behavior {
-        script: vec![
-            Fault::new(429, r#"{"error":{"message":"Rate limit reached","type":"requests"}}"#)
-                .header("retry-after", "5"),
-        ],
-        ..Default::default()
-    };
+    let limited = rate_limited_once("5");
     let sim = sim(&[("limited", limited)]);
     let a = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
     let b = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
@@ -213,15 +211,7 @@ async fn one_replicas_retry_after_makes_the_other_hold_off() {
     assert_eq!(first.status(), 429, "A: the wait asked for is beyond its deadline");
     let mut state = Value::Null;
     for _ in 0..100 {
-        state = client()
-            .get(format!("{b_base}/admin/upstreams"))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        state = upstreams(&b_base).await;
         if state["upstreams"][0]["health"]["state"] == "cooling_down" {
             break;
         }
@@ -311,15 +301,7 @@ async fn rate_buckets_and_the_learned_limit_are_shared() {
     let limit: f64 = limit.parse().unwrap();
     assert!(limit < 8.0, "the shared limit was lowered from 8: {limit}");
     assert_eq!(ask(&d_base, "capped", Some("5s")).await.status(), 200);
-    let state: Value = client()
-        .get(format!("{d_base}/admin/upstreams"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let state = upstreams(&d_base).await;
     let seen = state["upstreams"][0]["effective_limit"].as_u64().unwrap();
     assert!(seen < 8, "D uses the limit C learned: {state}");
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tidegate::config::Config;
 use tidegate::server::{self, Running};
-use tidegate::simulate::{Behavior, SimConfig, Simulator};
+use tidegate::simulate::{Behavior, Fault, SimConfig, Simulator};
 
 /// The upstream key tests configure; must never reach a client or a log.
 pub const UPSTREAM_KEY: &str = "sk-upstream-secret-123";
@@ -21,6 +21,13 @@ pub fn sim(models: &[(&str, Behavior)]) -> Simulator {
         ..Default::default()
     };
     Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
+}
+
+/// A model whose first request is refused `429` with `Retry-After: secs`
+/// (a provider's own wait), then answered normally.
+pub fn rate_limited_once(secs: &str) -> Behavior {
+    let body = r#"{"error":{"message":"Rate limit reached","type":"requests"}}"#;
+    Behavior { script: vec![Fault::new(429, body).header("retry-after", secs)], ..Default::default() }
 }
 
 /// Upstreams `sim-openai` and `sim-anthropic` pointing at `sim`, plus the
