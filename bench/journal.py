@@ -22,32 +22,18 @@ import urllib.request
 import json
 
 sys.path.insert(0, os.path.dirname(__file__))
-from run import BIN, BODY, TMP, med, start, stop, wait_port, write, wrk_rps  # noqa: E402
+from run import BIN, BODY, TMP, cpu_seconds, med, start, stop, wait_port, write, wrk, wrk_rps  # noqa: E402
 
 SIM, OFF, ON = 19020, 19021, 19022
-
-
-def cpu_seconds(pid):
-    """utime + stime of the whole process (all threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+REPS = int(os.environ.get("REPS", 5))
 
 
 def measured(port, pid):
     """Saturated req/s, and the gateway's CPU microseconds per request
     (steal time and a slow neighbour inflate wall time, not this)."""
-    import json as _json
-    script = write("jpost.lua", 'wrk.method = "POST"\nwrk.body = %s\nwrk.headers["Content-Type"] = "application/json"\n'
-                   % _json.dumps(BODY))
     before = cpu_seconds(pid)
-    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", "-d", "5s", "-s", script,
-                          f"http://127.0.0.1:{port}/v1/chat/completions"], capture_output=True, text=True).stdout
-    used = cpu_seconds(pid) - before
-    total = int(next(l for l in out.splitlines() if "requests in" in l).split()[0])
-    rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec")).split()[1])
-    return rps, used * 1e6 / max(total, 1)
-REPS = int(os.environ.get("REPS", 5))
+    rps, total = wrk(port, BODY)
+    return rps, (cpu_seconds(pid) - before) * 1e6 / max(total, 1)
 
 
 def main():

@@ -15,7 +15,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from run import BIN, start, status_kib, stop, wait_port, write  # noqa: E402
+from run import BIN, cpu_seconds, start, status_kib, stop, wait_port, write  # noqa: E402
 
 SIM, GW = 19010, 19012
 N = int(os.environ.get("N", 10_000))
@@ -23,12 +23,6 @@ N = int(os.environ.get("N", 10_000))
 
 def rss_kib(pid):
     return status_kib(pid, "VmRSS")
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main():

@@ -83,16 +83,29 @@ def nginx_worker_pid(master):
     return int(out[0]) if out else master
 
 
-def wrk_rps(port, body):
+def wrk(port, body):
+    """Saturated load for DUR with 64 connections: (req/s, requests sent)."""
     script = write("post.lua", 'wrk.method = "POST"\nwrk.body = %s\nwrk.headers["Content-Type"] = "application/json"\n'
                    % json.dumps(body))
     out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", "-d", DUR, "-s", script,
                           f"http://127.0.0.1:{port}{PATH}"], capture_output=True, text=True).stdout
     rps = float(next(l for l in out.splitlines() if l.startswith("Requests/sec")).split()[1])
+    total = int(next(l for l in out.splitlines() if "requests in" in l).split()[0])
     errors = [l for l in out.splitlines() if "Non-2xx" in l or "Socket errors" in l]
     if errors:
         print(f"  warning: port {port}: {errors}", file=sys.stderr)
-    return rps
+    return rps, total
+
+
+def wrk_rps(port, body):
+    return wrk(port, body)[0]
+
+
+def cpu_seconds(pid):
+    """utime + stime of the whole process (all threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def oha(port, body, *args):
