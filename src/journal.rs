@@ -15,6 +15,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, params};
+
+use crate::classify::Class;
+use crate::report::Outcome;
 use serde::Serialize;
 
 /// Rows waiting to be written before new ones are dropped (≈0.5 s of a
@@ -85,52 +88,61 @@ pub struct AttemptRow {
     pub wait_ms: Option<f64>,
 }
 
-/// A finished request on its way to the writer. Built on the request path
-/// with as little allocation as possible — labels are `&'static str`,
-/// upstream names are shared and looked up by index, strings the request
-/// already owned are moved in — because every allocation here is paid on
-/// the proxy's core and freed on the writer's.
+/// A finished request on its way to the writer, built on the request path.
+///
+/// Small on purpose (128 bytes): handing it over is a copy into the
+/// channel's slot, memory the proxy's core has not touched since the slot
+/// was last used, and at saturation that copy cost as much as SQLite's
+/// insert when the record was 280 bytes. So labels are enums, times are
+/// integer microseconds, upstreams are indices into the names the writer
+/// already has, and what only an unusual request has (an error, partial
+/// text, attempts worth storing) sits behind one pointer, allocated only
+/// then. Strings the request owned are moved in, never copied.
 #[derive(Debug, Clone)]
 pub struct Record {
-    /// Request id.
+    /// Request id (its timestamp is the arrival time; see [`crate::request_id`]).
     pub id: uuid::Uuid,
-    /// Arrival, unix milliseconds.
-    pub ts_ms: i64,
     /// Client key name.
     pub client: Option<String>,
     /// Model alias (shared with the config when it is a configured one).
     pub model: Option<Arc<str>>,
-    /// SSE requested.
-    pub stream: bool,
-    /// completed, incomplete, failed, cancelled, rejected.
-    pub outcome: &'static str,
+    /// Queue wait, microseconds.
+    pub queue_us: u64,
+    /// Total time, microseconds.
+    pub total_us: u64,
+    /// Time to first byte, microseconds.
+    pub ttfb_us: Option<u64>,
+    /// Prompt tokens.
+    pub tokens_in: Option<u32>,
+    /// Completion tokens.
+    pub tokens_out: Option<u32>,
     /// Status sent to the client.
     pub status: u16,
-    /// Class of the final failure.
-    pub class: Option<&'static str>,
-    /// What the client was told.
-    pub error: Option<String>,
-    /// Upstream names by index.
-    pub names: Arc<[String]>,
-    /// The one upstream tried, when `attempts` is empty because its single
-    /// attempt is implied (see [`implied_attempt`]).
-    pub upstream: Option<usize>,
-    /// Queue wait.
-    pub queue_ms: f64,
-    /// Time to first byte.
-    pub ttfb_ms: Option<f64>,
-    /// Total time.
-    pub total_ms: f64,
-    /// Prompt tokens.
-    pub tokens_in: Option<u64>,
-    /// Completion tokens.
-    pub tokens_out: Option<u64>,
-    /// Text delivered before an incomplete stream broke.
-    pub partial: Option<String>,
     /// Number of attempts.
-    pub n_attempts: u32,
+    pub n_attempts: u16,
+    /// The one upstream tried (index into the gateway's upstreams) when
+    /// there are no stored attempts because its single attempt is implied
+    /// (see [`implied_attempt`]).
+    pub upstream: Option<u16>,
+    /// How the request ended.
+    pub outcome: Outcome,
+    /// Class of the final failure.
+    pub class: Option<Class>,
+    /// SSE requested.
+    pub stream: bool,
     /// The client's volume was far above its baseline.
     pub anomaly: bool,
+    /// Error, partial text and attempts, when the request has any.
+    pub detail: Option<Box<Detail>>,
+}
+
+/// What only a request that is not a plain success carries.
+#[derive(Debug, Clone, Default)]
+pub struct Detail {
+    /// What the client was told.
+    pub error: Option<String>,
+    /// Text delivered before an incomplete stream broke.
+    pub partial: Option<String>,
     /// Attempts, unless the single one is implied by the request row.
     pub attempts: Vec<AttemptRecord>,
 }
@@ -138,18 +150,18 @@ pub struct Record {
 /// One attempt on its way to the writer.
 #[derive(Debug, Clone)]
 pub struct AttemptRecord {
-    /// Upstream index into [`Record::names`].
+    /// Upstream index.
     pub upstream: usize,
     /// Its status.
     pub status: Option<u16>,
     /// Its class.
-    pub class: Option<&'static str>,
+    pub class: Option<Class>,
     /// What the provider said.
     pub summary: String,
     /// The decision taken.
     pub verdict: &'static str,
     /// Wait before the next attempt.
-    pub wait_ms: Option<f64>,
+    pub wait: Option<Duration>,
 }
 
 impl AttemptRecord {
@@ -161,27 +173,29 @@ impl AttemptRecord {
             && self.class.is_none()
             && self.summary.is_empty()
             && self.verdict == "ok"
-            && self.wait_ms.is_none()
+            && self.wait.is_none()
     }
 }
 
 impl Record {
-    fn name(&self, i: usize) -> &str {
-        self.names.get(i).map_or("", String::as_str)
+    fn attempts(&self) -> &[AttemptRecord] {
+        self.detail.as_deref().map_or(&[], |d| d.attempts.as_slice())
     }
 
     /// Upstreams tried, in order, each once, comma-separated.
-    fn targets(&self) -> std::borrow::Cow<'_, str> {
-        if self.attempts.is_empty() {
-            return self.upstream.map_or("", |i| self.name(i)).into();
+    fn targets<'a>(&self, names: &'a [String]) -> std::borrow::Cow<'a, str> {
+        let name = |i: usize| names.get(i).map_or("", String::as_str);
+        let attempts = self.attempts();
+        if attempts.is_empty() {
+            return self.upstream.map_or("", |i| name(usize::from(i))).into();
         }
-        let mut seen: Vec<usize> = Vec::with_capacity(self.attempts.len());
-        for a in &self.attempts {
+        let mut seen: Vec<usize> = Vec::with_capacity(attempts.len());
+        for a in attempts {
             if !seen.contains(&a.upstream) {
                 seen.push(a.upstream);
             }
         }
-        seen.iter().map(|i| self.name(*i)).collect::<Vec<_>>().join(",").into()
+        seen.iter().map(|i| name(*i)).collect::<Vec<_>>().join(",").into()
     }
 }
 
@@ -211,14 +225,16 @@ impl std::fmt::Debug for Journal {
 impl Journal {
     /// Starts the writer for the file at `path`. The file is opened by the
     /// writer; if it cannot be, rows are counted as dropped and the writer
-    /// tries again a little later.
-    pub fn start(path: &Path, retention: Retention) -> Journal {
+    /// tries again a little later. `names` are the upstreams' names, which
+    /// records refer to by index.
+    pub fn start(path: &Path, retention: Retention, names: Arc<[String]>) -> Journal {
+        crate::request_id::raise_floor(newest_key(path));
         let (tx, rx) = sync_channel::<Record>(CHANNEL);
         let dropped = Arc::new(AtomicU64::new(0));
         let (file, counter) = (path.to_path_buf(), dropped.clone());
         let spawned = std::thread::Builder::new()
             .name("tidegate-journal".into())
-            .spawn(move || writer(&file, &retention, &rx, &counter));
+            .spawn(move || writer(&file, &names, &retention, &rx, &counter));
         if let Err(err) = spawned {
             tracing::error!(error = %err, "cannot start the journal writer; requests will not be journaled");
         }
@@ -246,36 +262,91 @@ impl Journal {
     }
 }
 
-/// Both tables are keyed by the request id, a UUIDv7 whose text sorts in
-/// time order: one B-tree each, rows appended at its end, and "newest
-/// first" or "older than" are key ranges, so no second index is needed.
+/// The journal's format; a file of an older one is set aside (see
+/// [`open`]).
+const VERSION: i64 = 2;
+
+/// Requests are keyed by the first half of their id (time and a sequence,
+/// unique and growing: see [`crate::request_id`]) as SQLite's integer
+/// rowid, so a new row is an append at the B-tree's right edge, the
+/// cheapest insert SQLite has; "newest first" and "older than" are key
+/// ranges. Durations are integer microseconds (3–4 bytes, where a REAL
+/// takes 8) and the arrival time is the id's own timestamp: every byte a
+/// row does not have is a byte the writer does not write twice (WAL, then
+/// checkpoint). `requests_view` shows the same rows with the id as text,
+/// a readable time and milliseconds, for `sqlite3` users.
 const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS requests (
+    id INTEGER PRIMARY KEY, id_lo INTEGER NOT NULL, client TEXT, model TEXT, stream INTEGER NOT NULL,
+    outcome TEXT NOT NULL, status INTEGER NOT NULL, class TEXT, error TEXT, targets TEXT NOT NULL,
+    queue_us INTEGER NOT NULL, ttfb_us INTEGER, total_us INTEGER NOT NULL, tokens_in INTEGER, tokens_out INTEGER,
+    partial TEXT, n_attempts INTEGER NOT NULL, anomaly INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS attempts (
+    request_id INTEGER NOT NULL, n INTEGER NOT NULL,
+    upstream TEXT NOT NULL, status INTEGER, class TEXT, summary TEXT NOT NULL, verdict TEXT NOT NULL,
+    wait_us INTEGER, PRIMARY KEY (request_id, n)) WITHOUT ROWID;
+-- The requests worth looking for (not completed) by outcome, newest first
+-- (an index holds the rowid); partial, so a completed row costs it nothing.
+CREATE INDEX IF NOT EXISTS requests_by_outcome ON requests (outcome) WHERE outcome <> 'completed';
+CREATE VIEW IF NOT EXISTS requests_view AS SELECT
+    printf('%08x-%04x-%04x-%04x-%012x', (id >> 32) & 0xffffffff, (id >> 16) & 0xffff, id & 0xffff,
+           (id_lo >> 48) & 0xffff, id_lo & 0xffffffffffff) AS request_id,
+    strftime('%Y-%m-%d %H:%M:%f', (id >> 16) / 1000.0, 'unixepoch') AS time_utc,
+    client, model, stream, outcome, status, class, error, targets, queue_us / 1000.0 AS queue_ms,
+    ttfb_us / 1000.0 AS ttfb_ms, total_us / 1000.0 AS total_ms, tokens_in, tokens_out, partial, n_attempts,
+    anomaly, id AS key
+    FROM requests;
+";
+
+const PRAGMAS: &str = "
 PRAGMA journal_mode = WAL;
 PRAGMA synchronous = NORMAL;
 PRAGMA wal_autocheckpoint = 4000;
 PRAGMA journal_size_limit = 67108864;
-CREATE TABLE IF NOT EXISTS requests (
-    id TEXT PRIMARY KEY, ts_ms INTEGER NOT NULL, client TEXT, model TEXT, stream INTEGER NOT NULL,
-    outcome TEXT NOT NULL, status INTEGER NOT NULL, class TEXT, error TEXT, targets TEXT NOT NULL,
-    queue_ms REAL NOT NULL, ttfb_ms REAL, total_ms REAL NOT NULL, tokens_in INTEGER, tokens_out INTEGER,
-    partial TEXT, n_attempts INTEGER NOT NULL, anomaly INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS attempts (
-    request_id TEXT NOT NULL, n INTEGER NOT NULL,
-    upstream TEXT NOT NULL, status INTEGER, class TEXT, summary TEXT NOT NULL, verdict TEXT NOT NULL,
-    wait_ms REAL, PRIMARY KEY (request_id, n)) WITHOUT ROWID;
--- The requests worth looking for (not completed) by outcome, newest first;
--- partial, so the common completed row costs this index nothing.
-CREATE INDEX IF NOT EXISTS requests_by_outcome ON requests (outcome, id) WHERE outcome <> 'completed';
 ";
 
+/// Opens the journal for writing, creating its tables. A file written in
+/// the first format (text ids, before 0.2) keeps its rows in the same
+/// file as `requests_v1` and `attempts_v1` — readable with `sqlite3`, not
+/// shown by `/admin` or `tidegate log` — and a warning says so; its ids
+/// cannot become row keys without collisions, so they are not converted.
 fn open(path: &Path) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(path)?;
+    let mut conn = Connection::open(path)?;
     conn.busy_timeout(Duration::from_secs(5))?;
-    conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(PRAGMAS)?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version < VERSION {
+        let tx = conn.transaction()?;
+        let first_format = tx.prepare("SELECT 1 FROM pragma_table_info('requests') WHERE name = 'ts_ms'")?.exists([])?;
+        if first_format {
+            tx.execute_batch(
+                "DROP INDEX IF EXISTS requests_by_outcome;
+                 ALTER TABLE requests RENAME TO requests_v1;
+                 ALTER TABLE attempts RENAME TO attempts_v1;",
+            )?;
+            tracing::warn!(path = %path.display(), "journal written by an older tidegate: its rows stay in tables requests_v1 and attempts_v1 of this file (not shown by /admin); new rows go to the new format");
+        }
+        tx.execute_batch(SCHEMA)?;
+        tx.pragma_update(None, "user_version", VERSION)?;
+        tx.commit()?;
+    }
     Ok(conn)
 }
 
-fn writer(path: &Path, retention: &Retention, rx: &Receiver<Record>, dropped: &AtomicU64) {
+/// The newest row's key in an existing journal (0 when there is none or
+/// it cannot be read): request ids made from now on sort after it.
+fn newest_key(path: &Path) -> u64 {
+    if !path.exists() {
+        return 0;
+    }
+    read_only(path)
+        .and_then(|c| c.query_row("SELECT max(id) FROM requests", [], |r| r.get::<_, Option<i64>>(0)))
+        .ok()
+        .flatten()
+        .map_or(0, |k| k as u64)
+}
+
+fn writer(path: &Path, names: &[String], retention: &Retention, rx: &Receiver<Record>, dropped: &AtomicU64) {
     let mut conn: Option<Connection> = None;
     let mut warned = false;
     // Rows in the table (counted once at open, then tracked), and rows
@@ -315,7 +386,10 @@ fn writer(path: &Path, retention: &Retention, rx: &Receiver<Record>, dropped: &A
             }
         }
         let Some(c) = conn.as_mut() else { continue };
-        match insert(c, &batch) {
+        // Requests end in a different order than they arrived; in key
+        // order, the batch is appended at the B-tree's edge.
+        batch.sort_unstable_by_key(|r| r.id.as_u64_pair().0);
+        match insert(c, names, &batch) {
             Ok(()) => {
                 written += batch.len() as u64;
                 rows += batch.len() as u64;
@@ -338,14 +412,6 @@ fn writer(path: &Path, retention: &Retention, rx: &Receiver<Record>, dropped: &A
     }
 }
 
-/// The smallest request id of time `ms`: ids are UUIDv7, whose text
-/// starts with the millisecond timestamp in hex, so time bounds are key
-/// ranges.
-fn id_at(ms: i64) -> String {
-    let ms = ms.max(0) as u64;
-    format!("{:08x}-{:04x}-0000-0000-000000000000", ms >> 16, ms & 0xffff)
-}
-
 /// Rows per multi-row INSERT: one statement execution per 32 requests
 /// instead of one per request (statement setup and teardown dominate a
 /// small row's insert).
@@ -355,35 +421,46 @@ const REQUEST_COLUMNS: usize = 18;
 fn insert_sql(rows: usize) -> String {
     let one = format!("({})", (0..REQUEST_COLUMNS).map(|_| "?").collect::<Vec<_>>().join(","));
     format!(
-        "INSERT OR REPLACE INTO requests (id, ts_ms, client, model, stream, outcome, status, class, error, targets,
-         queue_ms, ttfb_ms, total_ms, tokens_in, tokens_out, partial, n_attempts, anomaly) VALUES {}",
+        "INSERT OR REPLACE INTO requests (id, id_lo, client, model, stream, outcome, status, class, error, targets,
+         queue_us, ttfb_us, total_us, tokens_in, tokens_out, partial, n_attempts, anomaly) VALUES {}",
         vec![one; rows].join(",")
     )
 }
 
-fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, r: &Record) -> rusqlite::Result<()> {
-    let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    stmt.raw_bind_parameter(base + 1, &*r.id.hyphenated().encode_lower(&mut id))?;
-    stmt.raw_bind_parameter(base + 2, r.ts_ms)?;
+/// A duration as the journal stores it: integer microseconds.
+fn micros(d: Duration) -> i64 {
+    d.as_micros().min(i64::MAX as u128) as i64
+}
+
+/// The id's halves as the journal's two integer columns.
+fn key(id: &uuid::Uuid) -> (i64, i64) {
+    let (hi, lo) = id.as_u64_pair();
+    (hi as i64, lo as i64)
+}
+
+fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, names: &[String], r: &Record) -> rusqlite::Result<()> {
+    let (hi, lo) = key(&r.id);
+    stmt.raw_bind_parameter(base + 1, hi)?;
+    stmt.raw_bind_parameter(base + 2, lo)?;
     stmt.raw_bind_parameter(base + 3, &r.client)?;
     stmt.raw_bind_parameter(base + 4, r.model.as_deref())?;
     stmt.raw_bind_parameter(base + 5, r.stream)?;
-    stmt.raw_bind_parameter(base + 6, r.outcome)?;
+    stmt.raw_bind_parameter(base + 6, r.outcome.as_str())?;
     stmt.raw_bind_parameter(base + 7, r.status)?;
-    stmt.raw_bind_parameter(base + 8, r.class)?;
-    stmt.raw_bind_parameter(base + 9, &r.error)?;
-    stmt.raw_bind_parameter(base + 10, &*r.targets())?;
-    stmt.raw_bind_parameter(base + 11, r.queue_ms)?;
-    stmt.raw_bind_parameter(base + 12, r.ttfb_ms)?;
-    stmt.raw_bind_parameter(base + 13, r.total_ms)?;
-    stmt.raw_bind_parameter(base + 14, r.tokens_in.map(|n| n as i64))?;
-    stmt.raw_bind_parameter(base + 15, r.tokens_out.map(|n| n as i64))?;
-    stmt.raw_bind_parameter(base + 16, &r.partial)?;
+    stmt.raw_bind_parameter(base + 8, r.class.map(Class::as_str))?;
+    stmt.raw_bind_parameter(base + 9, r.detail.as_ref().and_then(|d| d.error.as_deref()))?;
+    stmt.raw_bind_parameter(base + 10, &*r.targets(names))?;
+    stmt.raw_bind_parameter(base + 11, r.queue_us as i64)?;
+    stmt.raw_bind_parameter(base + 12, r.ttfb_us.map(|us| us as i64))?;
+    stmt.raw_bind_parameter(base + 13, r.total_us as i64)?;
+    stmt.raw_bind_parameter(base + 14, r.tokens_in)?;
+    stmt.raw_bind_parameter(base + 15, r.tokens_out)?;
+    stmt.raw_bind_parameter(base + 16, r.detail.as_ref().and_then(|d| d.partial.as_deref()))?;
     stmt.raw_bind_parameter(base + 17, r.n_attempts)?;
     stmt.raw_bind_parameter(base + 18, r.anomaly)
 }
 
-fn insert(conn: &mut Connection, batch: &[Record]) -> rusqlite::Result<()> {
+fn insert(conn: &mut Connection, names: &[String], batch: &[Record]) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
         let mut many = tx.prepare_cached(&insert_sql(ROWS_PER_INSERT))?;
@@ -392,33 +469,32 @@ fn insert(conn: &mut Connection, batch: &[Record]) -> rusqlite::Result<()> {
             let stmt = if chunk.len() == ROWS_PER_INSERT { &mut many } else { &mut one };
             if chunk.len() == ROWS_PER_INSERT {
                 for (k, r) in chunk.iter().enumerate() {
-                    bind_request(stmt, k * REQUEST_COLUMNS, r)?;
+                    bind_request(stmt, k * REQUEST_COLUMNS, names, r)?;
                 }
                 stmt.raw_execute()?;
             } else {
                 for r in chunk {
-                    bind_request(stmt, 0, r)?;
+                    bind_request(stmt, 0, names, r)?;
                     stmt.raw_execute()?;
                 }
             }
         }
         let mut att = tx.prepare_cached(
-            "INSERT OR REPLACE INTO attempts (request_id, n, upstream, status, class, summary, verdict, wait_ms)
+            "INSERT OR REPLACE INTO attempts (request_id, n, upstream, status, class, summary, verdict, wait_us)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?;
-        for r in batch.iter().filter(|r| !r.attempts.is_empty()) {
-            let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
-            let id = &*r.id.hyphenated().encode_lower(&mut id);
-            for (n, a) in r.attempts.iter().enumerate() {
+        for r in batch.iter().filter(|r| !r.attempts().is_empty()) {
+            let (id, _) = key(&r.id);
+            for (n, a) in r.attempts().iter().enumerate() {
                 att.execute(params![
                     id,
                     n as i64 + 1,
-                    r.name(a.upstream),
+                    names.get(a.upstream).map_or("", String::as_str),
                     a.status,
-                    a.class,
+                    a.class.map(Class::as_str),
                     a.summary,
                     a.verdict,
-                    a.wait_ms
+                    a.wait.map(micros)
                 ])?;
             }
         }
@@ -447,10 +523,10 @@ fn implied_attempt(r: &Row) -> Option<AttemptRow> {
 /// id, so no pass over the whole table.
 fn prune(conn: &Connection, retention: &Retention, rows: u64) -> rusqlite::Result<u64> {
     let now_ms = jiff::Timestamp::now().as_millisecond();
-    let mut keep_from = id_at(now_ms - retention.max_age.as_millis() as i64);
+    let mut keep_from = crate::request_id::high_at(now_ms - retention.max_age.as_millis() as i64);
     if rows > retention.max_rows {
         let excess = rows - retention.max_rows;
-        let by_count: Option<String> = conn
+        let by_count: Option<i64> = conn
             .query_row("SELECT id FROM requests ORDER BY id LIMIT 1 OFFSET ?1", params![excess as i64], |r| r.get(0))
             .ok();
         if let Some(id) = by_count {
@@ -478,10 +554,17 @@ fn read_only(path: &Path) -> rusqlite::Result<Connection> {
     Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
 }
 
+/// Stored microseconds as the milliseconds rows are read as.
+fn ms(us: i64) -> f64 {
+    us as f64 / 1000.0
+}
+
 fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    let (hi, lo): (i64, i64) = (r.get(0)?, r.get(1)?);
+    let id = uuid::Uuid::from_u64_pair(hi as u64, lo as u64);
     Ok(Row {
-        id: r.get(0)?,
-        ts_ms: r.get(1)?,
+        id: id.to_string(),
+        ts_ms: crate::request_id::millis(&id),
         client: r.get(2)?,
         model: r.get(3)?,
         stream: r.get(4)?,
@@ -490,9 +573,9 @@ fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         class: r.get(7)?,
         error: r.get(8)?,
         targets: r.get(9)?,
-        queue_ms: r.get(10)?,
-        ttfb_ms: r.get(11)?,
-        total_ms: r.get(12)?,
+        queue_ms: ms(r.get(10)?),
+        ttfb_ms: r.get::<_, Option<i64>>(11)?.map(ms),
+        total_ms: ms(r.get(12)?),
         tokens_in: r.get::<_, Option<i64>>(13)?.map(|n| n as u64),
         tokens_out: r.get::<_, Option<i64>>(14)?.map(|n| n as u64),
         partial: r.get(15)?,
@@ -502,8 +585,8 @@ fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
     })
 }
 
-const COLUMNS: &str = "id, ts_ms, client, model, stream, outcome, status, class, error, targets, queue_ms, ttfb_ms, \
-                       total_ms, tokens_in, tokens_out, partial, n_attempts, anomaly";
+const COLUMNS: &str = "id, id_lo, client, model, stream, outcome, status, class, error, targets, queue_us, ttfb_us, \
+                       total_us, tokens_in, tokens_out, partial, n_attempts, anomaly";
 
 /// Requests matching `q`, newest first (attempts not loaded). Every
 /// filter narrows a key range or an index, so a dashboard polling a
@@ -526,9 +609,9 @@ pub fn list(path: &Path, q: &Query) -> rusqlite::Result<Vec<Row>> {
         sql.push_str(" AND model = ?3");
     }
     sql.push_str(" ORDER BY id DESC LIMIT ?4");
-    let from = q.since_ms.map_or_else(String::new, id_at);
+    let from = q.since_ms.map_or(0, crate::request_id::high_at);
     let mut stmt = conn.prepare(&sql)?;
-    let mut bind = stmt.raw_bind_parameter(1, &from).and(stmt.raw_bind_parameter(4, q.limit));
+    let mut bind = stmt.raw_bind_parameter(1, from).and(stmt.raw_bind_parameter(4, q.limit));
     if let Some(outcome) = &q.outcome {
         bind = bind.and(stmt.raw_bind_parameter(2, outcome));
     }
@@ -544,28 +627,31 @@ pub fn list(path: &Path, q: &Query) -> rusqlite::Result<Vec<Row>> {
     Ok(out)
 }
 
-/// One request with its attempts.
+/// One request with its attempts (`None` for an id that is not a UUID
+/// or not in the journal).
 pub fn get(path: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
+    let Ok(id) = uuid::Uuid::parse_str(id) else { return Ok(None) };
     if !path.exists() {
         return Ok(None);
     }
+    let (hi, lo) = key(&id);
     let conn = read_only(path)?;
-    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM requests WHERE id = ?1"))?;
-    let mut rows = stmt.query_map(params![id], row_from)?;
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM requests WHERE id = ?1 AND id_lo = ?2"))?;
+    let mut rows = stmt.query_map(params![hi, lo], row_from)?;
     let Some(row) = rows.next() else { return Ok(None) };
     let mut row = row?;
     let mut att = conn.prepare(
-        "SELECT upstream, status, class, summary, verdict, wait_ms FROM attempts WHERE request_id = ?1 ORDER BY n",
+        "SELECT upstream, status, class, summary, verdict, wait_us FROM attempts WHERE request_id = ?1 ORDER BY n",
     )?;
     row.attempts = att
-        .query_map(params![id], |r| {
+        .query_map(params![hi], |r| {
             Ok(AttemptRow {
                 upstream: r.get(0)?,
                 status: r.get(1)?,
                 class: r.get(2)?,
                 summary: r.get(3)?,
                 verdict: r.get(4)?,
-                wait_ms: r.get(5)?,
+                wait_ms: r.get::<_, Option<i64>>(5)?.map(ms),
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
@@ -588,60 +674,80 @@ mod tests {
         uuid::Uuid::new_v7(ts).to_string()
     }
 
-    fn leak(s: &str) -> &'static str {
-        Box::leak(s.to_owned().into_boxed_str())
+    fn class(name: &str) -> Class {
+        [Class::Capacity, Class::Transient, Class::Request, Class::Auth, Class::Entitlement]
+            .into_iter()
+            .find(|c| c.as_str() == name)
+            .unwrap()
     }
 
-    /// The record the request path would have built for `r`.
-    fn record(r: &Row) -> Record {
-        let mut names: Vec<String> = Vec::new();
-        for n in r.targets.split(',').filter(|n| !n.is_empty()).chain(r.attempts.iter().map(|a| a.upstream.as_str())) {
-            if !names.iter().any(|x| x == n) {
-                names.push(n.to_owned());
-            }
-        }
-        let index = |n: &str| names.iter().position(|x| x == n).unwrap_or(0);
+    fn outcome(name: &str) -> Outcome {
+        [Outcome::Completed, Outcome::Incomplete, Outcome::Failed, Outcome::Cancelled, Outcome::Rejected]
+            .into_iter()
+            .find(|o| o.as_str() == name)
+            .unwrap()
+    }
+
+    fn us(ms: f64) -> u64 {
+        (ms * 1000.0).round() as u64
+    }
+
+    /// The record the request path would have built for `r`, with
+    /// upstreams as indices into `names`.
+    fn record(r: &Row, names: &[String]) -> Record {
+        let index = |n: &str| names.iter().position(|x| x == n).unwrap();
         let implied = implied_attempt(r).is_some_and(|i| r.attempts == [i]);
+        let attempts: Vec<AttemptRecord> = if implied {
+            Vec::new()
+        } else {
+            r.attempts
+                .iter()
+                .map(|a| AttemptRecord {
+                    upstream: index(&a.upstream),
+                    status: a.status,
+                    class: a.class.as_deref().map(class),
+                    summary: a.summary.clone(),
+                    verdict: Box::leak(a.verdict.clone().into_boxed_str()),
+                    wait: a.wait_ms.map(|ms| Duration::from_micros(us(ms))),
+                })
+                .collect()
+        };
+        let detail = (r.error.is_some() || r.partial.is_some() || !attempts.is_empty())
+            .then(|| Box::new(Detail { error: r.error.clone(), partial: r.partial.clone(), attempts }));
         Record {
             id: uuid::Uuid::parse_str(&r.id).unwrap(),
-            ts_ms: r.ts_ms,
             client: r.client.clone(),
             model: r.model.as_deref().map(Arc::from),
-            stream: r.stream,
-            outcome: leak(&r.outcome),
+            queue_us: us(r.queue_ms),
+            total_us: us(r.total_ms),
+            ttfb_us: r.ttfb_ms.map(us),
+            tokens_in: r.tokens_in.map(|n| n as u32),
+            tokens_out: r.tokens_out.map(|n| n as u32),
             status: r.status,
-            class: r.class.as_deref().map(leak),
-            error: r.error.clone(),
-            upstream: r.targets.split(',').next().filter(|n| !n.is_empty()).map(index),
-            queue_ms: r.queue_ms,
-            ttfb_ms: r.ttfb_ms,
-            total_ms: r.total_ms,
-            tokens_in: r.tokens_in,
-            tokens_out: r.tokens_out,
-            partial: r.partial.clone(),
-            n_attempts: r.n_attempts,
+            n_attempts: r.n_attempts as u16,
+            upstream: r.targets.split(',').next().filter(|n| !n.is_empty()).map(|n| index(n) as u16),
+            outcome: outcome(&r.outcome),
+            class: r.class.as_deref().map(class),
+            stream: r.stream,
             anomaly: r.anomaly,
-            attempts: if implied {
-                Vec::new()
-            } else {
-                r.attempts
-                    .iter()
-                    .map(|a| AttemptRecord {
-                        upstream: index(&a.upstream),
-                        status: a.status,
-                        class: a.class.as_deref().map(leak),
-                        summary: a.summary.clone(),
-                        verdict: leak(&a.verdict),
-                        wait_ms: a.wait_ms,
-                    })
-                    .collect()
-            },
-            names: names.clone().into(),
+            detail,
         }
     }
 
-    fn records(rows: &[Row]) -> Vec<Record> {
-        rows.iter().map(record).collect()
+    /// Stores `rows` the way the writer stores a batch of records.
+    fn store(conn: &mut Connection, rows: &[Row]) {
+        let mut names: Vec<String> = Vec::new();
+        for r in rows {
+            for n in
+                r.targets.split(',').filter(|n| !n.is_empty()).chain(r.attempts.iter().map(|a| a.upstream.as_str()))
+            {
+                if !names.iter().any(|x| x == n) {
+                    names.push(n.to_owned());
+                }
+            }
+        }
+        let batch: Vec<Record> = rows.iter().map(|r| record(r, &names)).collect();
+        insert(conn, &names, &batch).unwrap();
     }
 
     #[test]
@@ -653,7 +759,7 @@ mod tests {
         let day = 24 * 3600 * 1000;
         let rows: Vec<Row> = (0..10).map(|i| row(v7(now - (10 - i) * day), now - (10 - i) * day)).collect();
         assert!(rows.windows(2).all(|w| w[0].id < w[1].id), "UUIDv7 text sorts like time");
-        insert(&mut conn, &records(&rows)).unwrap();
+        store(&mut conn, &rows);
         let count = |c: &Connection| c.query_row("SELECT count(*) FROM requests", [], |r| r.get::<_, i64>(0)).unwrap();
         let deleted =
             prune(&conn, &Retention { max_age: Duration::from_secs(5 * 24 * 3600 + 60), max_rows: 100 }, 10).unwrap();
@@ -680,7 +786,7 @@ mod tests {
             ..ok.clone()
         };
         let twice = Row { targets: "u".into(), n_attempts: 2, attempts: vec![retried, ok], ..row(b.clone(), 2) };
-        insert(&mut conn, &records(&[plain.clone(), twice.clone()])).unwrap();
+        store(&mut conn, &[plain.clone(), twice.clone()]);
         let stored: i64 = conn.query_row("SELECT count(*) FROM attempts", [], |r| r.get(0)).unwrap();
         assert_eq!(stored, 2, "only the retried request's attempts are rows");
         assert_eq!(get(&path, &a).unwrap().unwrap().attempts, plain.attempts);
@@ -705,7 +811,7 @@ mod tests {
                 }
             })
             .collect();
-        insert(&mut conn, &records(&rows)).unwrap();
+        store(&mut conn, &rows);
         let ids = |q: Query| list(&path, &q).unwrap().into_iter().map(|r| r.id).collect::<Vec<_>>();
         let want = |pick: &dyn Fn(usize) -> bool| {
             rows.iter().enumerate().rev().filter(|(i, _)| pick(*i)).map(|(_, r)| r.id.clone()).collect::<Vec<_>>()
@@ -723,7 +829,7 @@ mod tests {
             want(&|i| i >= 15)
         );
         let plan: String = conn
-            .prepare("EXPLAIN QUERY PLAN SELECT id FROM requests WHERE id >= '' AND outcome = 'failed' AND outcome <> 'completed' ORDER BY id DESC LIMIT 5")
+            .prepare("EXPLAIN QUERY PLAN SELECT id FROM requests WHERE id >= 0 AND outcome = 'failed' AND outcome <> 'completed' ORDER BY id DESC LIMIT 5")
             .unwrap()
             .query_map([], |r| r.get::<_, String>(3))
             .unwrap()
@@ -756,12 +862,62 @@ mod tests {
                 ..row(v7(1_000 + i as i64), 1_000 + i as i64)
             })
             .collect();
-        insert(&mut conn, &records(&rows)).unwrap();
+        store(&mut conn, &rows);
         let back = list(&path, &Query { limit: 100, ..Default::default() }).unwrap();
         assert_eq!(back.len(), 70, "two 32-row statements and six single rows");
         for (got, want) in back.iter().rev().zip(&rows) {
             let (g, w) = (serde_json::to_value(got).unwrap(), serde_json::to_value(want).unwrap());
             assert_eq!(g, w);
         }
+    }
+    #[test]
+    fn a_record_fits_in_two_cache_lines() {
+        assert!(std::mem::size_of::<Record>() <= 128, "{} bytes", std::mem::size_of::<Record>());
+    }
+
+    #[test]
+    fn a_first_format_journal_is_set_aside_in_the_same_file_and_the_view_reads_like_the_api() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        {
+            let old = Connection::open(&path).unwrap();
+            old.execute_batch(
+                "PRAGMA journal_mode = WAL;
+                 CREATE TABLE requests (id TEXT PRIMARY KEY, ts_ms INTEGER NOT NULL, outcome TEXT NOT NULL) WITHOUT ROWID;
+                 CREATE TABLE attempts (request_id TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (request_id, n)) WITHOUT ROWID;
+                 CREATE INDEX requests_by_outcome ON requests (outcome, id) WHERE outcome <> 'completed';
+                 INSERT INTO requests VALUES ('0190c0de-0000-7000-8000-000000000001', 1, 'failed');",
+            )
+            .unwrap();
+        }
+        let mut conn = open(&path).unwrap();
+        let kept: String = conn.query_row("SELECT id FROM requests_v1", [], |r| r.get(0)).unwrap();
+        assert_eq!(kept, "0190c0de-0000-7000-8000-000000000001", "old rows stay readable");
+        let now = jiff::Timestamp::now().as_millisecond();
+        let new = Row {
+            outcome: "failed".into(),
+            targets: "u".into(),
+            total_ms: 12.5,
+            attempts: vec![AttemptRow { upstream: "u".into(), status: Some(503), ..Default::default() }],
+            ..row(v7(now), now)
+        };
+        store(&mut conn, std::slice::from_ref(&new));
+        let listed = list(&path, &Query { outcome: Some("failed".into()), limit: 5, ..Default::default() }).unwrap();
+        assert_eq!(listed.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), [new.id.as_str()]);
+        assert_eq!(listed[0].ts_ms, now);
+        let (id, time, total): (String, String, f64) = conn
+            .query_row("SELECT request_id, time_utc, total_ms FROM requests_view", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .unwrap();
+        assert_eq!((id.as_str(), total), (new.id.as_str(), 12.5));
+        let when = jiff::Timestamp::from_millisecond(now).unwrap().strftime("%Y-%m-%d %H:%M:%S%.3f").to_string();
+        assert_eq!(time, when);
+        drop(conn);
+        assert_eq!(open(&path).map(|_| ()), Ok(()), "a second open leaves the new format alone");
+        assert_eq!(get(&path, &new.id).unwrap().unwrap().attempts, new.attempts);
+        assert!(get(&path, "not-a-uuid").unwrap().is_none());
+        let (hi, _) = uuid::Uuid::parse_str(&new.id).unwrap().as_u64_pair();
+        assert_eq!(newest_key(&path), hi, "ids made after a restart sort after this row");
     }
 }

@@ -20,7 +20,8 @@
 //!
 //! Beside the path: `report` finishes each request once (log line,
 //! `metrics`, `recent` buckets for the `/ui` dashboard, `journal` row),
-//! `anomaly` watches per-client volume.
+//! `anomaly` watches per-client volume; `request_id` makes the ids whose
+//! first half is the journal's row key.
 //!
 //! `simulate` is a fault-injecting upstream (with named scenarios) shared
 //! by the tests, the benchmark, `tidegate simulate` and `demo`, which runs
@@ -40,6 +41,7 @@ pub mod protocol;
 pub mod recent;
 pub mod relay;
 pub mod report;
+pub mod request_id;
 pub mod retry;
 pub mod server;
 pub mod shared;

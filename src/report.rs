@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use std::sync::Arc;
 
 use crate::classify::Class;
-use crate::journal::{AttemptRecord, Journal, Record};
+use crate::journal::{AttemptRecord, Detail, Journal, Record};
 use crate::metrics::{Metrics, Sample};
 use crate::relay::AttemptLog;
 use crate::stream::sse::Usage;
@@ -83,8 +83,7 @@ pub struct Report {
     /// The client's volume was flagged as far above its baseline.
     pub anomaly: bool,
     /// Where the record goes besides the log line.
-    pub sink: Option<Sink>,
-    arrived_ms: i64,
+    pub sink: Option<Arc<Sink>>,
     finished: bool,
 }
 
@@ -123,7 +122,6 @@ impl Report {
             partial: None,
             anomaly: false,
             sink: None,
-            arrived_ms: jiff::Timestamp::now().as_millisecond(),
             finished: false,
         }
     }
@@ -148,14 +146,15 @@ impl Report {
 
     /// The journal's record; moves what the report owns (it is finished).
     fn record(&mut self, outcome: Outcome, sink: &Sink) -> Record {
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let tokens = |n: Option<u64>| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
         let to_record = |a: &mut AttemptLog| AttemptRecord {
             upstream: a.upstream,
             status: a.status,
-            class: a.class.map(Class::as_str),
+            class: a.class,
             summary: std::mem::take(&mut a.summary),
             verdict: a.verdict,
-            wait_ms: a.wait.map(ms),
+            wait: a.wait,
         };
         let status = self.status;
         let attempts = match self.attempts.as_mut_slice() {
@@ -166,27 +165,27 @@ impl Report {
             }
             all => all.iter_mut().map(to_record).collect(),
         };
+        let partial = if sink.keep_partial { self.partial.take() } else { None };
+        let error = self.error.take();
+        let detail = (error.is_some() || partial.is_some() || !attempts.is_empty())
+            .then(|| Box::new(Detail { error, partial, attempts }));
         Record {
             id: self.id,
-            ts_ms: self.arrived_ms,
             client: self.client.take(),
             model: self.model.take(),
+            queue_us: us(self.queue_wait),
+            total_us: us(self.started.elapsed()),
+            ttfb_us: self.ttfb.map(us),
+            tokens_in: tokens(self.usage.input),
+            tokens_out: tokens(self.usage.output),
+            status,
+            n_attempts: u16::try_from(self.attempts.len()).unwrap_or(u16::MAX),
+            upstream: self.attempts.first().and_then(|a| u16::try_from(a.upstream).ok()),
+            outcome,
+            class: self.class,
             stream: self.stream,
-            outcome: outcome.as_str(),
-            status: self.status,
-            class: self.class.map(Class::as_str),
-            error: self.error.take(),
-            names: sink.names.clone(),
-            upstream: self.attempts.first().map(|a| a.upstream),
-            queue_ms: ms(self.queue_wait),
-            ttfb_ms: self.ttfb.map(ms),
-            total_ms: ms(self.started.elapsed()),
-            tokens_in: self.usage.input,
-            tokens_out: self.usage.output,
-            partial: if sink.keep_partial { self.partial.take() } else { None },
-            n_attempts: self.attempts.len() as u32,
             anomaly: self.anomaly,
-            attempts,
+            detail,
         }
     }
 

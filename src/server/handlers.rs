@@ -18,7 +18,7 @@ use crate::anomaly::Verdict;
 use crate::error::GatewayError;
 use crate::protocol::{self, Protocol};
 use crate::relay::{self, Answer, Job, Relayed};
-use crate::report::{Outcome, Report, Sink};
+use crate::report::{Outcome, Report};
 use crate::stream::waiting::{Progress, RelayFuture, WaitingBody};
 use crate::upstream::HOP_HEADER;
 
@@ -60,15 +60,9 @@ pub async fn fallback(req: Request) -> Response {
 }
 
 async fn proxy(gw: Arc<Gateway>, protocol: Protocol, req: Request) -> Response {
-    let id = uuid::Uuid::now_v7();
+    let id = crate::request_id::next();
     let mut report = Report::new(id, Instant::now());
-    report.sink = Some(Sink {
-        journal: gw.journal.clone(),
-        metrics: gw.metrics.clone(),
-        names: gw.names.clone(),
-        keep_partial: gw.config.keep_partial,
-        recent: gw.recent.clone(),
-    });
+    report.sink = Some(gw.sink.clone());
     let (parts, body) = req.into_parts();
     let job = match prepare(&gw, protocol, parts, body, &mut report).await {
         Ok(job) => job,
