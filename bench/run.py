@@ -101,9 +101,10 @@ def wrk_rps(port, body):
     return wrk(port, body)[0]
 
 
-def cpu_seconds(pid):
-    """utime + stime of the whole process (all threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
+def cpu_seconds(pid, tid=None):
+    """utime + stime of the whole process (all threads), or of its thread
+    `tid`, in seconds."""
+    with open(f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 

@@ -913,6 +913,15 @@ mod tests {
         assert_eq!((id.as_str(), total), (new.id.as_str(), 12.5));
         let when = jiff::Timestamp::from_millisecond(now).unwrap().strftime("%Y-%m-%d %H:%M:%S%.3f").to_string();
         assert_eq!(time, when);
+        // The query the README shows.
+        let failed: Vec<(String, String)> = conn
+            .prepare("SELECT request_id, time_utc, outcome, error FROM requests_view WHERE outcome <> 'completed' ORDER BY key DESC LIMIT 20")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(2)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(failed, [(new.id.clone(), "failed".to_owned())]);
         drop(conn);
         assert_eq!(open(&path).map(|_| ()), Ok(()), "a second open leaves the new format alone");
         assert_eq!(get(&path, &new.id).unwrap().unwrap().attempts, new.attempts);

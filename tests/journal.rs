@@ -226,3 +226,44 @@ async fn a_flood_from_one_key_is_flagged_steady_traffic_is_not() {
     assert!(metrics.contains(r#"tidegate_anomalies_total{client="flood"} 1"#), "{metrics}");
     assert!(!metrics.contains(r#"client="steady""#));
 }
+
+#[tokio::test]
+async fn a_burst_is_journaled_row_for_row_under_the_ids_clients_were_given() {
+    // Ids made in the same millisecond must stay distinct row keys: a
+    // collision would silently replace a row.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.db");
+    let sim = sim(&[]);
+    let top = format!("journal: {}\nadmin_key: adm", db.display());
+    let gw = gateway(&yaml(&sim, &top, "", "")).await;
+    let sends = (0..300).map(|_| {
+        let req = client()
+            .post(url(&gw, "/v1/chat/completions"))
+            .body(r#"{"model":"gpt","messages":[{"role":"user","content":"hi"}]}"#);
+        async move {
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.headers()["x-tidegate-request-id"].to_str().unwrap().to_owned()
+        }
+    });
+    let mut given: Vec<String> = futures_util::stream::iter(sends).buffer_unordered(60).collect().await;
+    given.sort();
+    given.dedup();
+    assert_eq!(given.len(), 300, "every answer has its own id");
+    let mut stored = Vec::new();
+    for _ in 0..200 {
+        let v = admin_get(&gw, "/admin/requests?limit=1000").await;
+        stored = v["requests"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect();
+        if stored.len() >= 300 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let newest_first = stored.clone();
+    stored.sort();
+    assert_eq!(stored.len(), given.len(), "one row per request");
+    assert!(stored == given, "rows stored under the ids clients were given");
+    let mut by_time = newest_first;
+    by_time.reverse();
+    assert_eq!(by_time, stored, "newest first is id order");
+}
