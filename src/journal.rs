@@ -17,6 +17,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, params};
 
 use crate::classify::Class;
+use crate::relay::AttemptLog;
 use crate::report::Outcome;
 use serde::Serialize;
 
@@ -143,28 +144,12 @@ pub struct Detail {
     pub error: Option<String>,
     /// Text delivered before an incomplete stream broke.
     pub partial: Option<String>,
-    /// Attempts, unless the single one is implied by the request row.
-    pub attempts: Vec<AttemptRecord>,
+    /// Attempts (the relay's own log, moved), unless the single one is
+    /// implied by the request row.
+    pub attempts: Vec<AttemptLog>,
 }
 
-/// One attempt on its way to the writer.
-#[derive(Debug, Clone)]
-pub struct AttemptRecord {
-    /// Upstream index.
-    pub upstream: usize,
-    /// Its status.
-    pub status: Option<u16>,
-    /// Its class.
-    pub class: Option<Class>,
-    /// What the provider said.
-    pub summary: String,
-    /// The decision taken.
-    pub verdict: &'static str,
-    /// Wait before the next attempt.
-    pub wait: Option<Duration>,
-}
-
-impl AttemptRecord {
+impl AttemptLog {
     /// What a request with status 200 and this as its only attempt does
     /// not store, because its row implies it ([`implied_attempt`] is the
     /// inverse).
@@ -178,7 +163,7 @@ impl AttemptRecord {
 }
 
 impl Record {
-    fn attempts(&self) -> &[AttemptRecord] {
+    fn attempts(&self) -> &[AttemptLog] {
         self.detail.as_deref().map_or(&[], |d| d.attempts.as_slice())
     }
 
@@ -508,7 +493,7 @@ fn insert(conn: &mut Connection, names: &[String], batch: &[Record]) -> rusqlite
 }
 
 /// The attempt a request row implies by itself: a single plain success
-/// (see [`AttemptRecord::is_plain_success`]) on the one upstream it names.
+/// (see [`AttemptLog::is_plain_success`]) on the one upstream it names.
 /// Such an attempt (most requests) is not stored as its own row, which
 /// halves the writer's inserts; [`get`] gives it back, identical.
 fn implied_attempt(r: &Row) -> Option<AttemptRow> {
@@ -702,12 +687,12 @@ mod tests {
     fn record(r: &Row, names: &[String]) -> Record {
         let index = |n: &str| names.iter().position(|x| x == n).unwrap();
         let implied = implied_attempt(r).is_some_and(|i| r.attempts == [i]);
-        let attempts: Vec<AttemptRecord> = if implied {
+        let attempts: Vec<AttemptLog> = if implied {
             Vec::new()
         } else {
             r.attempts
                 .iter()
-                .map(|a| AttemptRecord {
+                .map(|a| AttemptLog {
                     upstream: index(&a.upstream),
                     status: a.status,
                     class: a.class.as_deref().map(class),

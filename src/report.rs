@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use std::sync::Arc;
 
 use crate::classify::Class;
-use crate::journal::{AttemptRecord, Detail, Journal, Record};
+use crate::journal::{Detail, Journal, Record};
 use crate::metrics::{Metrics, Sample};
 use crate::relay::AttemptLog;
 use crate::stream::sse::Usage;
@@ -148,23 +148,13 @@ impl Report {
     fn record(&mut self, outcome: Outcome, sink: &Sink) -> Record {
         let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let tokens = |n: Option<u64>| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
-        let to_record = |a: &mut AttemptLog| AttemptRecord {
-            upstream: a.upstream,
-            status: a.status,
-            class: a.class,
-            summary: std::mem::take(&mut a.summary),
-            verdict: a.verdict,
-            wait: a.wait,
-        };
+        let (n_attempts, first) = (self.attempts.len(), self.attempts.first().map(|a| a.upstream));
         let status = self.status;
-        let attempts = match self.attempts.as_mut_slice() {
-            // A single plain success is implied by the request row itself.
-            [only] if status == 200 => {
-                let only = to_record(only);
-                if only.is_plain_success() { Vec::new() } else { vec![only] }
-            }
-            all => all.iter_mut().map(to_record).collect(),
-        };
+        let mut attempts = std::mem::take(&mut self.attempts);
+        // A single plain success is implied by the request row itself.
+        if status == 200 && matches!(attempts.as_slice(), [only] if only.is_plain_success()) {
+            attempts.clear();
+        }
         let partial = if sink.keep_partial { self.partial.take() } else { None };
         let error = self.error.take();
         let detail = (error.is_some() || partial.is_some() || !attempts.is_empty())
@@ -179,8 +169,8 @@ impl Report {
             tokens_in: tokens(self.usage.input),
             tokens_out: tokens(self.usage.output),
             status,
-            n_attempts: u16::try_from(self.attempts.len()).unwrap_or(u16::MAX),
-            upstream: self.attempts.first().and_then(|a| u16::try_from(a.upstream).ok()),
+            n_attempts: u16::try_from(n_attempts).unwrap_or(u16::MAX),
+            upstream: first.and_then(|i| u16::try_from(i).ok()),
             outcome,
             class: self.class,
             stream: self.stream,
