@@ -36,7 +36,7 @@ pub async fn requests(
     if !authorized(&gw, &headers) {
         return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
     }
-    let Some(journal) = gw.journal.as_ref().map(|j| j.path().to_path_buf()) else {
+    let Some(journal) = gw.sink.journal.as_ref().map(|j| j.path().to_path_buf()) else {
         return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAi);
     };
     let since_ms = match params.get("since").map(|s| parse_since(s)) {
@@ -66,7 +66,7 @@ pub async fn request(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Path(id
     if !authorized(&gw, &headers) {
         return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
     }
-    let Some(journal) = gw.journal.as_ref().map(|j| j.path().to_path_buf()) else {
+    let Some(journal) = gw.sink.journal.as_ref().map(|j| j.path().to_path_buf()) else {
         return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAi);
     };
     match tokio::task::spawn_blocking(move || journal::get(&journal, &id)).await {
@@ -83,7 +83,7 @@ pub async fn stats(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Respon
     if !authorized(&gw, &headers) {
         return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
     }
-    json_response(&gw.recent.snapshot())
+    json_response(&gw.sink.recent.snapshot())
 }
 
 /// `1h`, `30m` back from now, or an RFC 3339 instant, as unix ms.
@@ -112,16 +112,16 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
     for u in &gw.upstreams {
         let snap = u.limiter.snapshot();
         let name = u.config.name.as_str();
-        gw.metrics.gauge(name, "in_flight", i64::from(snap.in_flight));
-        gw.metrics.gauge(name, "effective_limit", i64::from(snap.effective_limit));
-        gw.metrics.gauge(name, "queued", snap.queued as i64);
+        gw.sink.metrics.gauge(name, "in_flight", i64::from(snap.in_flight));
+        gw.sink.metrics.gauge(name, "effective_limit", i64::from(snap.effective_limit));
+        gw.sink.metrics.gauge(name, "queued", snap.queued as i64);
         if u.shared.is_some() {
-            gw.metrics.gauge(name, "shared_state_up", i64::from(u.limiter.is_shared()));
+            gw.sink.metrics.gauge(name, "shared_state_up", i64::from(u.limiter.is_shared()));
         }
     }
-    let dropped = gw.journal.as_ref().map_or(0, |j| j.dropped());
-    gw.metrics.gauge("-", "journal_dropped_rows", dropped as i64);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], gw.metrics.render()).into_response()
+    let dropped = gw.sink.journal.as_ref().map_or(0, |j| j.dropped());
+    gw.sink.metrics.gauge("-", "journal_dropped_rows", dropped as i64);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], gw.sink.metrics.render()).into_response()
 }
 
 /// `GET /admin/upstreams`: health, in-flight, queue, effective limit.
@@ -149,6 +149,6 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
             })
         })
         .collect();
-    let dropped = gw.journal.as_ref().map_or(0, |j| j.dropped());
+    let dropped = gw.sink.journal.as_ref().map_or(0, |j| j.dropped());
     json_response(&json!({ "upstreams": list, "journal_dropped_rows": dropped }))
 }

@@ -76,7 +76,7 @@ async fn proxy(gw: Arc<Gateway>, protocol: Protocol, req: Request) -> Response {
     if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.client, Instant::now()) {
         report.anomaly = true;
         if first {
-            gw.metrics.anomaly(&job.client);
+            gw.sink.metrics.anomaly(&job.client);
             tracing::warn!(
                 client = %job.client,
                 count,
@@ -104,7 +104,7 @@ async fn proxy(gw: Arc<Gateway>, protocol: Protocol, req: Request) -> Response {
 
 /// The relay finished before any keep-alive: answer with its result.
 fn respond(gw: &Gateway, protocol: Protocol, relayed: Relayed, mut report: Report) -> Response {
-    let upstream = relayed.upstream.and_then(|i| gw.names.get(i)).cloned();
+    let upstream = relayed.upstream.and_then(|i| gw.sink.names.get(i)).cloned();
     let attempts = relayed.attempts.len();
     report.upstream = upstream.clone();
     report.attempts = relayed.attempts;
@@ -149,7 +149,8 @@ fn commit_waiting(
     report.status = 200;
     let id = report.id;
     let attempts = progress.attempt.load(std::sync::atomic::Ordering::Relaxed) as usize;
-    let body = WaitingBody::new(relay, gw.config.stream_keepalive_every, progress, gw.names.clone(), protocol, report);
+    let body =
+        WaitingBody::new(relay, gw.config.stream_keepalive_every, progress, gw.sink.names.clone(), protocol, report);
     let mut response = Response::new(Body::new(body));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));

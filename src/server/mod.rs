@@ -33,21 +33,15 @@ pub struct Gateway {
     pub config: Config,
     /// One client per upstream, same order as `config.upstreams`.
     pub upstreams: Vec<Upstream>,
-    /// Where finished requests are recorded.
-    pub journal: Option<Journal>,
-    /// Upstream names by index (for records).
-    pub names: Arc<[String]>,
     /// Model aliases by route index, shared by every request's record.
     pub aliases: Vec<Arc<str>>,
-    /// Prometheus metrics.
-    pub metrics: Arc<Metrics>,
     /// Per-client flood warnings.
     pub anomaly: Anomaly,
-    /// The last minutes per upstream, for the dashboard.
-    pub recent: Arc<Recent>,
-    /// Where every request's report goes, built once: a per-request copy
-    /// would clone and drop the journal's channel sender and three
-    /// `Arc`s per request, measurable at saturation.
+    /// Where every request's report goes — the journal, the metrics, the
+    /// dashboard's recent buckets — which the admin endpoints read too.
+    /// Built once: a per-request copy would clone and drop the journal's
+    /// channel sender and three `Arc`s per request, measurable at
+    /// saturation.
     pub sink: Arc<Sink>,
 }
 
@@ -76,15 +70,9 @@ impl Gateway {
         let anomaly = Anomaly::new(config.anomaly.clone());
         let recent = Arc::new(Recent::new(names.clone()));
         let aliases = config.models.keys().map(|a| Arc::from(a.as_str())).collect();
-        let metrics = Arc::new(metrics);
-        let sink = Arc::new(Sink {
-            journal: journal.clone(),
-            metrics: metrics.clone(),
-            names: names.clone(),
-            keep_partial: config.keep_partial,
-            recent: recent.clone(),
-        });
-        Ok(Self { config, upstreams, journal, names, aliases, metrics, anomaly, recent, sink })
+        let sink =
+            Arc::new(Sink { journal, metrics: Arc::new(metrics), names, keep_partial: config.keep_partial, recent });
+        Ok(Self { config, upstreams, aliases, anomaly, sink })
     }
 }
 
