@@ -1,6 +1,6 @@
 //! The journal: one row per request and one per attempt, in SQLite.
 //!
-//! Requests hand their finished [`Row`] to a bounded channel and move on;
+//! Requests hand their finished [`Record`] to a bounded channel and move on;
 //! a writer thread stores rows in batches (WAL, one transaction a batch), so
 //! journaling adds no latency to a request. The writer wakes at most every
 //! [`FLUSH_EVERY`], not per row: under load a wake-up and a commit per
@@ -15,11 +15,11 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, params};
+use serde::Serialize;
 
 use crate::classify::Class;
 use crate::relay::AttemptLog;
 use crate::report::Outcome;
-use serde::Serialize;
 
 /// Rows waiting to be written before new ones are dropped (≈0.5 s of a
 /// saturated core's requests).
@@ -107,12 +107,12 @@ pub struct Record {
     pub client: Option<String>,
     /// Model alias (shared with the config when it is a configured one).
     pub model: Option<Arc<str>>,
-    /// Queue wait, microseconds.
-    pub queue_us: u64,
+    /// Queue wait, microseconds (see [`micros`]).
+    pub queue_us: i64,
     /// Total time, microseconds.
-    pub total_us: u64,
+    pub total_us: i64,
     /// Time to first byte, microseconds.
-    pub ttfb_us: Option<u64>,
+    pub ttfb_us: Option<i64>,
     /// Prompt tokens.
     pub tokens_in: Option<u32>,
     /// Completion tokens.
@@ -417,8 +417,9 @@ fn insert_sql(rows: usize) -> String {
     )
 }
 
-/// A duration as the journal stores it: integer microseconds.
-fn micros(d: Duration) -> i64 {
+/// A duration as the journal stores it: integer microseconds (SQLite's
+/// integers are signed; a duration beyond that saturates).
+pub fn micros(d: Duration) -> i64 {
     d.as_micros().min(i64::MAX as u128) as i64
 }
 
@@ -440,9 +441,9 @@ fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, names: &[String
     stmt.raw_bind_parameter(base + 8, r.class.map(Class::as_str))?;
     stmt.raw_bind_parameter(base + 9, r.detail.as_ref().and_then(|d| d.error.as_deref()))?;
     stmt.raw_bind_parameter(base + 10, &*r.targets(names))?;
-    stmt.raw_bind_parameter(base + 11, r.queue_us as i64)?;
-    stmt.raw_bind_parameter(base + 12, r.ttfb_us.map(|us| us as i64))?;
-    stmt.raw_bind_parameter(base + 13, r.total_us as i64)?;
+    stmt.raw_bind_parameter(base + 11, r.queue_us)?;
+    stmt.raw_bind_parameter(base + 12, r.ttfb_us)?;
+    stmt.raw_bind_parameter(base + 13, r.total_us)?;
     stmt.raw_bind_parameter(base + 14, r.tokens_in)?;
     stmt.raw_bind_parameter(base + 15, r.tokens_out)?;
     stmt.raw_bind_parameter(base + 16, r.detail.as_ref().and_then(|d| d.partial.as_deref()))?;
@@ -678,8 +679,8 @@ mod tests {
             .unwrap()
     }
 
-    fn us(ms: f64) -> u64 {
-        (ms * 1000.0).round() as u64
+    fn us(ms: f64) -> i64 {
+        (ms * 1000.0).round() as i64
     }
 
     /// The record the request path would have built for `r`, with
@@ -698,7 +699,7 @@ mod tests {
                     class: a.class.as_deref().map(class),
                     summary: a.summary.clone(),
                     verdict: Box::leak(a.verdict.clone().into_boxed_str()),
-                    wait: a.wait_ms.map(|ms| Duration::from_micros(us(ms))),
+                    wait: a.wait_ms.map(|ms| Duration::from_micros(us(ms) as u64)),
                 })
                 .collect()
         };

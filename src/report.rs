@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use std::sync::Arc;
 
 use crate::classify::Class;
-use crate::journal::{Detail, Journal, Record};
+use crate::journal::{Detail, Journal, Record, micros};
 use crate::metrics::{Metrics, Sample};
 use crate::relay::AttemptLog;
 use crate::stream::sse::Usage;
@@ -146,7 +146,6 @@ impl Report {
 
     /// The journal's record; moves what the report owns (it is finished).
     fn record(&mut self, outcome: Outcome, sink: &Sink) -> Record {
-        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let tokens = |n: Option<u64>| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
         let (n_attempts, first) = (self.attempts.len(), self.attempts.first().map(|a| a.upstream));
         let status = self.status;
@@ -163,9 +162,9 @@ impl Report {
             id: self.id,
             client: self.client.take(),
             model: self.model.take(),
-            queue_us: us(self.queue_wait),
-            total_us: us(self.started.elapsed()),
-            ttfb_us: self.ttfb.map(us),
+            queue_us: micros(self.queue_wait),
+            total_us: micros(self.started.elapsed()),
+            ttfb_us: self.ttfb.map(micros),
             tokens_in: tokens(self.usage.input),
             tokens_out: tokens(self.usage.output),
             status,
