@@ -4,7 +4,9 @@
 //!
 //! Usage: cargo run --release --example shared_latency -- redis://127.0.0.1:6379/0 [rounds]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tidegate::shared::{SharedSlot, SharedState};
 

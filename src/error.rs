@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::response::Response;
 use http::{HeaderValue, StatusCode, header};
 
-use crate::protocol::{self, ErrorKind, Protocol};
+use crate::protocol::{ErrorKind, Protocol};
 
 /// A failure answered by tidegate itself.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +104,7 @@ impl GatewayError {
     /// Renders the error in the client's protocol.
     pub fn into_response(self, protocol: Protocol) -> Response {
         let (status, kind, code) = self.status_kind();
-        let body = protocol::error_body(protocol, kind, &format!("tidegate: {self}"), code);
+        let body = protocol.error_body(kind, &format!("tidegate: {self}"), code);
         let mut resp = Response::new(Body::from(body));
         *resp.status_mut() = status;
         let headers = resp.headers_mut();

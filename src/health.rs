@@ -17,6 +17,33 @@ use tokio::time::Instant;
 
 use crate::classify::Class;
 
+/// What one replica tells the others about an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldKind {
+    /// The provider asked for a wait (`Retry-After`, a reset header).
+    Hold,
+    /// The circuit breaker opened.
+    Open,
+}
+
+impl HoldKind {
+    /// Both kinds, for reading them back from the shared store.
+    pub const ALL: [HoldKind; 2] = [HoldKind::Hold, HoldKind::Open];
+
+    /// The label used in the shared store and its messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldKind::Hold => "hold",
+            HoldKind::Open => "open",
+        }
+    }
+
+    /// The kind a stored label names.
+    pub fn parse(label: &str) -> Option<HoldKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == label)
+    }
+}
+
 /// Breaker settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerConfig {
@@ -179,29 +206,29 @@ impl Health {
         }
     }
 
-    /// Another replica announced a provider's wait (`hold`) or an open
-    /// breaker (`open`) with `left` to go: this replica holds off too.
-    /// Holds only extend; an open breaker opens a closed one.
-    pub fn absorb(&self, kind: &str, left: Duration, now: Instant) {
+    /// Another replica announced a provider's wait or an open breaker with
+    /// `left` to go: this replica holds off too. Holds only extend; an open
+    /// breaker opens a closed one.
+    pub fn absorb(&self, kind: HoldKind, left: Duration, now: Instant) {
         let Ok(mut s) = self.state.lock() else { return };
         let until = now + left;
         match kind {
-            "hold" => {
+            HoldKind::Hold => {
                 s.cooldown_until = Some(s.cooldown_until.map_or(until, |u| u.max(until)));
                 s.hold_until = Some(s.hold_until.map_or(until, |u| u.max(until)));
             }
-            "open" if s.breaker == Breaker::Closed => s.breaker = Breaker::Open { until, period: left },
-            _ => {}
+            HoldKind::Open if s.breaker == Breaker::Closed => s.breaker = Breaker::Open { until, period: left },
+            HoldKind::Open => {}
         }
     }
 
     /// What to tell other replicas after a failure: an open breaker or a
     /// provider's wait, and the time left, if either is in force.
-    pub fn announcement(&self, now: Instant) -> Option<(&'static str, Duration)> {
+    pub fn announcement(&self, now: Instant) -> Option<(HoldKind, Duration)> {
         let s = self.state.lock().ok()?;
         match s.breaker {
-            Breaker::Open { until, .. } if until > now => Some(("open", until - now)),
-            _ => s.hold_until.filter(|u| *u > now).map(|u| ("hold", u - now)),
+            Breaker::Open { until, .. } if until > now => Some((HoldKind::Open, until - now)),
+            _ => s.hold_until.filter(|u| *u > now).map(|u| (HoldKind::Hold, u - now)),
         }
     }
 
@@ -244,10 +271,10 @@ mod tests {
         h.on_failure(Class::Capacity, None, t0);
         assert_eq!(h.check(t0), Availability::Cooling(t0 + Duration::from_secs(1)));
         // Another replica's announcement holds this one too, extend-only.
-        h.absorb("hold", Duration::from_secs(5), t0);
-        h.absorb("hold", Duration::from_secs(2), t0);
+        h.absorb(HoldKind::Hold, Duration::from_secs(5), t0);
+        h.absorb(HoldKind::Hold, Duration::from_secs(2), t0);
         assert_eq!(h.check(t0 + Duration::from_secs(3)), Availability::Held(t0 + Duration::from_secs(5)));
-        assert_eq!(h.announcement(t0), Some(("hold", Duration::from_secs(5))));
+        assert_eq!(h.announcement(t0), Some((HoldKind::Hold, Duration::from_secs(5))));
     }
 
     #[test]

@@ -18,8 +18,9 @@ use rusqlite::{Connection, OpenFlags, params};
 use serde::Serialize;
 
 use crate::classify::Class;
-use crate::relay::AttemptLog;
-use crate::report::Outcome;
+#[cfg(test)]
+use crate::record::Verdict;
+use crate::record::{AttemptLog, Outcome};
 
 /// Rows waiting to be written before new ones are dropped (≈0.5 s of a
 /// saturated core's requests).
@@ -147,19 +148,6 @@ pub struct Detail {
     /// Attempts (the relay's own log, moved), unless the single one is
     /// implied by the request row.
     pub attempts: Vec<AttemptLog>,
-}
-
-impl AttemptLog {
-    /// What a request with status 200 and this as its only attempt does
-    /// not store, because its row implies it ([`implied_attempt`] is the
-    /// inverse).
-    pub fn is_plain_success(&self) -> bool {
-        self.status == Some(200)
-            && self.class.is_none()
-            && self.summary.is_empty()
-            && self.verdict == "ok"
-            && self.wait.is_none()
-    }
 }
 
 impl Record {
@@ -484,7 +472,7 @@ fn insert(conn: &mut Connection, names: &[String], batch: &[Record]) -> rusqlite
                     a.status,
                     a.class.map(Class::as_str),
                     a.summary,
-                    a.verdict,
+                    a.verdict.as_str(),
                     a.wait.map(micros)
                 ])?;
             }
@@ -698,7 +686,7 @@ mod tests {
                     status: a.status,
                     class: a.class.as_deref().map(class),
                     summary: a.summary.clone(),
-                    verdict: Box::leak(a.verdict.clone().into_boxed_str()),
+                    verdict: Verdict::parse(&a.verdict).unwrap(),
                     wait: a.wait_ms.map(|ms| Duration::from_micros(us(ms) as u64)),
                 })
                 .collect()
@@ -889,7 +877,12 @@ mod tests {
             outcome: "failed".into(),
             targets: "u".into(),
             total_ms: 12.5,
-            attempts: vec![AttemptRow { upstream: "u".into(), status: Some(503), ..Default::default() }],
+            attempts: vec![AttemptRow {
+                upstream: "u".into(),
+                status: Some(503),
+                verdict: "give_up".into(),
+                ..Default::default()
+            }],
             ..row(v7(now), now)
         };
         store(&mut conn, std::slice::from_ref(&new));

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
-use crate::report::Outcome;
+use crate::record::Outcome;
 
 /// The gateway's metrics.
 pub struct Metrics {

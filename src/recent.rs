@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::classify::Class;
-use crate::report::Outcome;
+use crate::record::Outcome;
 
 /// Seconds per bucket.
 pub const BUCKET_SECS: u64 = 10;

@@ -16,37 +16,7 @@ use std::sync::Arc;
 use crate::classify::Class;
 use crate::journal::{Detail, Journal, Record, micros};
 use crate::metrics::{Metrics, Sample};
-use crate::relay::AttemptLog;
-use crate::stream::sse::Usage;
-
-/// How a request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Answered in full (including an upstream's verbatim error answer to
-    /// a request that could not succeed as sent).
-    Completed,
-    /// A stream cut after content was sent.
-    Incomplete,
-    /// tidegate gave up (capacity/transient exhausted, deadline).
-    Failed,
-    /// The client went away first.
-    Cancelled,
-    /// Refused before any upstream was asked (auth, bad input).
-    Rejected,
-}
-
-impl Outcome {
-    /// Lower-case name for logs and the journal.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Completed => "completed",
-            Outcome::Incomplete => "incomplete",
-            Outcome::Failed => "failed",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Rejected => "rejected",
-        }
-    }
-}
+use crate::record::{AttemptLog, Outcome, Usage};
 
 /// The record of one request.
 #[derive(Debug)]
@@ -128,7 +98,7 @@ impl Report {
 
     fn count(&self, outcome: Outcome, sink: &Sink) {
         for a in &self.attempts {
-            sink.metrics.attempt(sink.names.get(a.upstream).map_or("-", String::as_str), a.verdict);
+            sink.metrics.attempt(sink.names.get(a.upstream).map_or("-", String::as_str), a.verdict.as_str());
         }
         let failed = self.attempts.iter().filter_map(|a| a.class.map(|c| (a.upstream, c)));
         sink.recent.observe(self.attempts.last().map(|a| a.upstream), outcome, failed);

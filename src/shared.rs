@@ -38,6 +38,10 @@ use redis::{PushInfo, PushKind, Script, Value};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use crate::health::HoldKind;
+use crate::limits::gcra::Bucket;
 
 /// Every key starts with this, then `{upstream}`.
 const PREFIX: &str = "tidegate";
@@ -151,8 +155,8 @@ return 1
 pub struct HealthEvent {
     /// Upstream name.
     pub upstream: String,
-    /// `hold` (a provider's wait) or `open` (breaker).
-    pub kind: String,
+    /// A provider's wait or an open breaker.
+    pub kind: HoldKind,
     /// Time left.
     pub left: Duration,
 }
@@ -202,14 +206,20 @@ impl Keys {
         }
     }
 
-    /// The rate bucket `what` (`rpm` or `tpm`).
-    fn rate(&self, what: &str) -> &str {
-        if what == "rpm" { &self.rpm } else { &self.tpm }
+    /// The key of a rate bucket.
+    fn rate(&self, what: Bucket) -> &str {
+        match what {
+            Bucket::Rpm => &self.rpm,
+            Bucket::Tpm => &self.tpm,
+        }
     }
 
-    /// The health key of `kind` (`hold` or `open`).
-    fn health(&self, kind: &str) -> &str {
-        if kind == "open" { &self.open } else { &self.hold }
+    /// The health key of `kind`.
+    fn health(&self, kind: HoldKind) -> &str {
+        match kind {
+            HoldKind::Open => &self.open,
+            HoldKind::Hold => &self.hold,
+        }
     }
 }
 
@@ -229,6 +239,9 @@ pub struct SharedState {
     events: std::sync::Mutex<Option<mpsc::UnboundedReceiver<HealthEvent>>>,
     events_tx: mpsc::UnboundedSender<HealthEvent>,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    /// Short-lived work started on the request path (giving a lease or a
+    /// waiting place back when its request ends), for shutdown to wait on.
+    background: TaskTracker,
 }
 
 impl std::fmt::Debug for SharedState {
@@ -286,7 +299,8 @@ impl Drop for Spot {
     fn drop(&mut self) {
         if self.armed {
             let (state, keys, id) = (self.state.clone(), self.keys.clone(), std::mem::take(&mut self.id));
-            tokio::spawn(async move { state.release(&keys, &id).await });
+            let background = self.state.background.clone();
+            background.spawn(async move { state.release(&keys, &id).await });
         }
     }
 }
@@ -341,6 +355,7 @@ impl SharedState {
             events: std::sync::Mutex::new(Some(events_rx)),
             events_tx,
             tasks: std::sync::Mutex::new(Vec::new()),
+            background: TaskTracker::new(),
         });
         let weak = Arc::downgrade(&state);
         let messages = tokio::spawn(read_messages(weak.clone(), push_rx));
@@ -349,6 +364,11 @@ impl SharedState {
             tasks.extend([messages, rejoin]);
         }
         Ok(state)
+    }
+
+    /// Work started on the request path that may still be running.
+    pub fn background(&self) -> &TaskTracker {
+        &self.background
     }
 
     /// Health events from other replicas; taken once by the gateway.
@@ -422,12 +442,12 @@ impl SharedState {
         let _ = self.call::<i64>(inv).await;
     }
 
-    /// Reserves `cost` units of a shared rate bucket (`what`: rpm/tpm);
+    /// Reserves `cost` units of a shared rate bucket;
     /// `None` when the store is unreachable (use the local bucket).
     pub async fn reserve(
         &self,
         upstream: &str,
-        what: &str,
+        what: Bucket,
         cost: u64,
         limit: u64,
         period: Duration,
@@ -440,7 +460,7 @@ impl SharedState {
     }
 
     /// Corrects a shared rate reservation by `delta` units.
-    pub async fn adjust(&self, upstream: &str, what: &str, delta: i64, limit: u64, period: Duration) {
+    pub async fn adjust(&self, upstream: &str, what: Bucket, delta: i64, limit: u64, period: Duration) {
         let Some(keys) = self.upstreams.get(upstream) else { return };
         let interval = period.as_secs_f64() * 1000.0 / limit.max(1) as f64;
         let mut inv = self.scripts.gcra_adjust.prepare_invoke();
@@ -467,15 +487,15 @@ impl SharedState {
 
     /// Tells the other replicas that `upstream` cools down (or has its
     /// breaker open) for `left`.
-    pub async fn announce(&self, upstream: &str, kind: &str, left: Duration) {
+    pub async fn announce(&self, upstream: &str, kind: HoldKind, left: Duration) {
         let Some(keys) = self.upstreams.get(upstream) else { return };
         let ms = left.as_millis().max(1) as u64;
         let mut inv = self.scripts.health.prepare_invoke();
-        inv.key(keys.health(kind))
-            .key(&self.health_channel)
-            .arg(kind)
-            .arg(ms)
-            .arg(format!("{}|{kind}|{ms}|{upstream}", self.replica));
+        inv.key(keys.health(kind)).key(&self.health_channel).arg(kind.as_str()).arg(ms).arg(format!(
+            "{}|{}|{ms}|{upstream}",
+            self.replica,
+            kind.as_str()
+        ));
         let _ = self.call::<i64>(inv).await;
     }
 
@@ -487,11 +507,11 @@ impl SharedState {
         channels.push(&self.health_channel);
         conn.subscribe(&channels).await?;
         for (upstream, keys) in &self.upstreams {
-            for kind in ["hold", "open"] {
+            for kind in HoldKind::ALL {
                 let left: i64 = redis::cmd("PTTL").arg(keys.health(kind)).query_async(&mut conn).await?;
                 if left > 0 {
                     let left = Duration::from_millis(left as u64);
-                    let _ = self.events_tx.send(HealthEvent { upstream: upstream.clone(), kind: kind.into(), left });
+                    let _ = self.events_tx.send(HealthEvent { upstream: upstream.clone(), kind, left });
                 }
             }
         }
@@ -572,10 +592,11 @@ async fn read_messages(state: std::sync::Weak<SharedState>, mut pushes: mpsc::Un
 fn parse_health(payload: &str, me: &str) -> Option<HealthEvent> {
     let mut parts = payload.splitn(4, '|');
     let (from, kind, ms, upstream) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if from == me || !matches!(kind, "hold" | "open") {
+    let kind = HoldKind::parse(kind)?;
+    if from == me {
         return None;
     }
-    Some(HealthEvent { upstream: upstream.into(), kind: kind.into(), left: Duration::from_millis(ms.parse().ok()?) })
+    Some(HealthEvent { upstream: upstream.into(), kind, left: Duration::from_millis(ms.parse().ok()?) })
 }
 
 #[cfg(test)]
@@ -585,7 +606,10 @@ mod tests {
     #[test]
     fn health_messages_parse_and_own_messages_are_ignored() {
         let e = parse_health("r1|hold|5000|codearts|x", "r2").unwrap();
-        assert_eq!(e, HealthEvent { upstream: "codearts|x".into(), kind: "hold".into(), left: Duration::from_secs(5) });
+        assert_eq!(
+            e,
+            HealthEvent { upstream: "codearts|x".into(), kind: HoldKind::Hold, left: Duration::from_secs(5) }
+        );
         assert!(parse_health("r2|hold|5000|codearts", "r2").is_none());
         assert!(parse_health("r1|drop|5|u", "r2").is_none());
         assert!(parse_health("garbage", "r2").is_none());

@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use crate::config::UpstreamConfig;
 use crate::health::Health;
 use crate::limits::Limiter;
-use crate::protocol::Protocol;
+use crate::protocol::{Endpoint, Family};
 use crate::retry::RetryBudget;
 
 /// Upstream read buffer. hyper's default adaptive buffer starts at 8 KiB
@@ -29,20 +29,46 @@ const READ_BUF: usize = 2048;
 
 type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Client headers forwarded upstream. Everything else (the client's own
-/// key, cookies, hop-by-hop headers, `accept-encoding` so bodies stay
-/// readable for classification) stays behind.
-const FORWARDED: &[&str] = &[
-    "accept",
-    "content-type",
-    "user-agent",
-    "anthropic-version",
-    "anthropic-beta",
-    "openai-organization",
-    "openai-project",
-    "openai-beta",
-    "idempotency-key",
+/// Client headers that never go upstream; every other header does, so the
+/// correlation headers agents send (`session-id`, `x-codex-*`,
+/// `openai-beta`, …) reach the provider even when the next client version
+/// invents new ones. Dropped: the client's credentials (tidegate's key is
+/// not the provider's), hop-by-hop headers, headers hyper sets for the new
+/// connection (`host`, `content-length`), `accept-encoding` (bodies must
+/// stay readable for classification) and tidegate's own `x-tidegate-*`.
+const NOT_FORWARDED: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "cookie",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "accept-encoding",
+    "expect",
 ];
+
+/// Whether a client header is forwarded upstream (see [`NOT_FORWARDED`]);
+/// headers the client's `Connection` header names are hop-by-hop too.
+fn forwarded(name: &HeaderName, client: &HeaderMap) -> bool {
+    let name = name.as_str();
+    if NOT_FORWARDED.contains(&name) || name.starts_with("x-tidegate-") {
+        return false;
+    }
+    !client
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case(name))
+}
 
 /// Marks a request that already passed through a tidegate.
 pub const HOP_HEADER: &str = "x-tidegate-hop";
@@ -60,7 +86,8 @@ pub struct Upstream {
     /// Shared state, when replicas share limits and health.
     pub shared: Option<Arc<crate::shared::SharedState>>,
     client: HttpClient,
-    uri: Uri,
+    /// One URL per endpoint this upstream's family serves.
+    uris: [Option<Uri>; Endpoint::ALL.len()],
     auth: Option<(HeaderName, HeaderValue)>,
 }
 
@@ -99,15 +126,20 @@ impl Upstream {
         budget: RetryBudget,
         shared: Option<Arc<crate::shared::SharedState>>,
     ) -> Result<Self, BuildError> {
-        let uri: Uri = format!("{}{}", config.base_url.as_str().trim_end_matches('/'), config.protocol.upstream_path())
-            .parse()
-            .map_err(|_| BuildError::Url(config.name.clone()))?;
+        let base = config.base_url.as_str().trim_end_matches('/');
+        let mut uris: [Option<Uri>; Endpoint::ALL.len()] = Default::default();
+        for (slot, endpoint) in uris.iter_mut().zip(Endpoint::ALL) {
+            if endpoint.protocol().family() == config.protocol {
+                let uri = format!("{base}{}", endpoint.upstream_path()).parse();
+                *slot = Some(uri.map_err(|_| BuildError::Url(config.name.clone()))?);
+            }
+        }
         let auth = if config.api_key.is_empty() {
             None
         } else {
             let (name, value) = match config.protocol {
-                Protocol::OpenAi => (header::AUTHORIZATION, format!("Bearer {}", config.api_key.expose())),
-                Protocol::Anthropic => (HeaderName::from_static("x-api-key"), config.api_key.expose().to_owned()),
+                Family::OpenAi => (header::AUTHORIZATION, format!("Bearer {}", config.api_key.expose())),
+                Family::Anthropic => (HeaderName::from_static("x-api-key"), config.api_key.expose().to_owned()),
             };
             let mut value = HeaderValue::try_from(value).map_err(|_| BuildError::Key(config.name.clone()))?;
             value.set_sensitive(true);
@@ -138,27 +170,43 @@ impl Upstream {
             budget,
             config,
             client,
-            uri,
+            uris,
             auth,
         })
     }
 
-    /// The upstream request for a client request: same body bytes, this
-    /// upstream's auth, the forwarded protocol headers, static headers.
-    pub fn request(&self, body: Bytes, client: &HeaderMap) -> Request<Full<Bytes>> {
+    /// Whether this upstream serves `endpoint` (its family does).
+    pub fn serves(&self, endpoint: Endpoint) -> bool {
+        self.uri(endpoint).is_some()
+    }
+
+    fn uri(&self, endpoint: Endpoint) -> Option<&Uri> {
+        let i = Endpoint::ALL.iter().position(|e| *e == endpoint)?;
+        self.uris.get(i)?.as_ref()
+    }
+
+    /// The upstream request for a client request to `endpoint`: same body
+    /// bytes, the client's end-to-end headers (see [`NOT_FORWARDED`]), this
+    /// upstream's auth and static headers.
+    pub fn request(&self, endpoint: Endpoint, body: Bytes, client: &HeaderMap) -> Request<Full<Bytes>> {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
-        *req.uri_mut() = self.uri.clone();
+        // Routing only sends an endpoint to upstreams of its family, which
+        // have its URL; the first URL is a harmless fallback.
+        let uri = self.uri(endpoint).or_else(|| self.uris.iter().flatten().next());
+        if let Some(uri) = uri {
+            *req.uri_mut() = uri.clone();
+        }
         let headers = req.headers_mut();
-        for name in FORWARDED {
-            for value in client.get_all(*name) {
-                headers.append(*name, value.clone());
+        for (name, value) in client {
+            if forwarded(name, client) {
+                headers.append(name.clone(), value.clone());
             }
         }
         if !headers.contains_key(header::CONTENT_TYPE) {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
-        if self.config.protocol == Protocol::Anthropic && !headers.contains_key("anthropic-version") {
+        if self.config.protocol == Family::Anthropic && !headers.contains_key("anthropic-version") {
             headers.insert("anthropic-version", self.config.anthropic_version.clone());
         }
         if let Some((name, value)) = &self.auth {

@@ -5,7 +5,9 @@
 mod common;
 
 use std::sync::atomic::Ordering::SeqCst;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use common::*;
 use futures_util::StreamExt;

@@ -3,7 +3,9 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tidegate::config::{Config, ConfigError};
 
@@ -30,8 +32,9 @@ fn valid_config_has_defaults_for_everything_else() {
     assert_eq!(c.max_body, 32 * 1024 * 1024);
     assert_eq!(c.upstreams[0].api_key.expose(), "value");
     assert_eq!(format!("{:?}", c.upstreams[0].api_key), "***");
-    assert_eq!(c.models["c"].targets[0].model, "c");
-    assert_eq!(c.models["m"].targets[0].model, "real");
+    // No `model`: sent as the client asked, i.e. the alias itself.
+    assert_eq!(c.models["c"].targets[0].model, None);
+    assert_eq!(c.models["m"].targets[0].model.as_deref(), Some("real"));
 }
 
 #[test]

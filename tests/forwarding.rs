@@ -3,7 +3,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use common::*;
 use futures_util::StreamExt;
@@ -117,7 +119,7 @@ async fn openai_stream_arrives_chunk_by_chunk() {
     let total = started.elapsed();
     assert!(first_at < Duration::from_millis(1500), "first chunk took {first_at:?}");
     assert!(total >= Duration::from_millis(2700), "stream ended too early: {total:?}");
-    let expected: Vec<u8> = sse_frames(Protocol::OpenAi, "real-gpt", 10).concat();
+    let expected: Vec<u8> = sse_frames(Protocol::OpenAiChat, "real-gpt", 10).concat();
     assert_eq!(received, expected);
 }
 

@@ -4,7 +4,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use common::*;
 use futures_util::StreamExt;
@@ -45,7 +47,7 @@ async fn error_frame_under_200_is_retried_and_never_shown() {
     let (status, headers, text) = stream(&gw, "/v1/chat/completions", "gpt").await;
     assert_eq!(status, 200);
     assert_eq!(headers["x-tidegate-attempts"], "2");
-    let expected = String::from_utf8(sse_frames(Protocol::OpenAi, "real-gpt", 5).concat()).unwrap();
+    let expected = String::from_utf8(sse_frames(Protocol::OpenAiChat, "real-gpt", 5).concat()).unwrap();
     assert_eq!(text, expected, "exactly one clean answer, nothing of the failed attempt");
     let (status, _, text) = stream(&gw, "/v1/messages", "claude").await;
     assert_eq!(status, 200);
@@ -81,7 +83,7 @@ async fn mid_stream_drop_ends_with_an_error_event_not_a_clean_end() {
     let gw = gateway(&yaml(&sim, "", "", "")).await;
     let (status, _, text) = stream(&gw, "/v1/chat/completions", "gpt").await;
     assert_eq!(status, 200);
-    let frames = sse_frames(Protocol::OpenAi, "real-gpt", 5);
+    let frames = sse_frames(Protocol::OpenAiChat, "real-gpt", 5);
     let sent: String = frames[..4].iter().map(|f| String::from_utf8_lossy(f).into_owned()).collect();
     assert!(text.starts_with(&sent), "content before the drop must arrive once, unchanged:\n{text}");
     let rest = &text[sent.len()..];
@@ -117,7 +119,7 @@ async fn upstream_error_event_mid_stream_is_passed_on_and_ends_the_stream() {
     );
 
     let (_, _, text) = stream(&gw, "/v1/chat/completions", "gpt").await;
-    let head: String = sse_frames(Protocol::OpenAi, "real-gpt", 5)[..3]
+    let head: String = sse_frames(Protocol::OpenAiChat, "real-gpt", 5)[..3]
         .iter()
         .map(|f| String::from_utf8_lossy(f).into_owned())
         .collect();
@@ -195,8 +197,8 @@ async fn broken_text_stream_is_resumed_into_one_answer() {
     assert_eq!(continuation["messages"].as_array().unwrap().last().unwrap()["content"], "tok0 tok1");
 
     let (_, _, text) = stream(&gw, "/v1/chat/completions", "gpt-resume").await;
-    let first: Vec<u8> = sse_frames(Protocol::OpenAi, "real-gpt", 8)[..4].concat();
-    let rest: Vec<u8> = tidegate::simulate::sse_frames_from(Protocol::OpenAi, "real-gpt", 3, 8).concat();
+    let first: Vec<u8> = sse_frames(Protocol::OpenAiChat, "real-gpt", 8)[..4].concat();
+    let rest: Vec<u8> = tidegate::simulate::sse_frames_from(Protocol::OpenAiChat, "real-gpt", 3, 8).concat();
     assert_eq!(text.as_bytes(), [first, rest].concat().as_slice());
     assert_eq!(text.matches("tok2 ").count(), 1, "no text repeated");
 }

@@ -4,11 +4,12 @@
 //!
 //! Built-in knowledge is protocol-level and generic (status codes, the
 //! OpenAI/Anthropic error types, common wording). Vendor knowledge is data:
-//! the upstream's `retry:` and `fatal:` rules ([`crate::retry::Rules`]). A
+//! the upstream's `retry:` and `fatal:` rules ([`Rules`]). A
 //! matching `fatal:` rule wins over everything, a matching `retry:` rule
 //! over the built-in class. Anything not recognised as retryable is not.
 
 pub mod hints;
+pub mod rules;
 pub mod summary;
 
 use http::{HeaderMap, StatusCode};
@@ -16,7 +17,7 @@ use jiff::Timestamp;
 
 pub use hints::Hints;
 
-use crate::retry::{RuleMatch, Rules};
+pub use rules::{Rule, RuleMatch, Rules};
 
 /// The error classes tidegate reasons about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -2,7 +2,7 @@
 //! Classification table: the real bodies from the seed incidents.
 
 use super::*;
-use crate::retry::Rule;
+use crate::classify::Rule;
 
 fn now() -> Timestamp {
     "2026-11-29T12:00:00Z".parse().unwrap()

@@ -19,11 +19,12 @@ use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
 use crate::anomaly::AnomalyConfig;
+use crate::classify::Rules;
 use crate::health::BreakerConfig;
 use crate::journal::Retention;
 use crate::limits::LimitConfig;
-use crate::protocol::Protocol;
-use crate::retry::{Policy, Rules};
+use crate::protocol::Family;
+use crate::retry::Policy;
 
 pub use validate::parse_size;
 
@@ -60,8 +61,11 @@ pub struct Config {
     pub anomaly: AnomalyConfig,
     /// Upstreams, in config order; targets refer to them by index.
     pub upstreams: Vec<UpstreamConfig>,
-    /// Model aliases in config order.
+    /// Model aliases in config order; a key with `*` is a pattern.
     pub models: IndexMap<String, ModelRoute>,
+    /// Indices of the pattern keys in `models`, in the order they are
+    /// tried: longer literal prefix first, then config order.
+    pub patterns: Vec<usize>,
     /// Retry policy for every request.
     pub retry: Policy,
     /// Retry budget: fraction of recent requests.
@@ -91,7 +95,7 @@ pub struct UpstreamConfig {
     /// Unique name.
     pub name: String,
     /// Wire protocol it speaks.
-    pub protocol: Protocol,
+    pub protocol: Family,
     /// Base URL (trailing `/` removed).
     pub base_url: url::Url,
     /// Provider key; may be empty.
@@ -120,7 +124,7 @@ pub struct UpstreamConfig {
 #[derive(Debug)]
 pub struct ModelRoute {
     /// Protocol of every target (validated to be the same).
-    pub protocol: Protocol,
+    pub protocol: Family,
     /// Equivalent targets in failover order (never empty).
     pub targets: Vec<Target>,
     /// Time budget per request for this alias.
@@ -145,8 +149,8 @@ pub enum Strategy {
 pub struct Target {
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
-    /// Model name to send upstream.
-    pub model: String,
+    /// Model name to send upstream; `None`: the name the client asked for.
+    pub model: Option<String>,
     /// Relative share under `balance`.
     pub weight: u32,
 }
@@ -243,16 +247,53 @@ impl Config {
         }
     }
 
-    /// Looks up a model alias served on `protocol`'s endpoint.
-    pub fn route(&self, model: &str) -> Option<&ModelRoute> {
-        self.models.get(model)
+    /// The route for the model a client asked for: an exact alias, else the
+    /// first pattern that matches (longer literal prefix first).
+    pub fn find_route(&self, model: &str) -> Option<(usize, &ModelRoute)> {
+        if let Some((i, _, route)) = self.models.get_full(model) {
+            return Some((i, route));
+        }
+        self.patterns.iter().find_map(|&i| {
+            let (pattern, route) = self.models.get_index(i)?;
+            glob(pattern, model).then_some((i, route))
+        })
     }
 
-    /// Aliases served on one protocol's endpoint, for error messages and
-    /// `/v1/models`.
-    pub fn aliases(&self, protocol: Protocol) -> impl Iterator<Item = &str> {
-        self.models.iter().filter(move |(_, r)| r.protocol == protocol).map(|(name, _)| name.as_str())
+    /// Exact aliases served by one upstream family, for error messages and
+    /// `/v1/models` (patterns are not models a client can list).
+    pub fn aliases(&self, family: Family) -> impl Iterator<Item = &str> {
+        self.models
+            .iter()
+            .filter(move |(name, r)| r.protocol == family && !is_pattern(name))
+            .map(|(name, _)| name.as_str())
     }
+}
+
+/// A `models` key with a `*` is a pattern.
+pub fn is_pattern(key: &str) -> bool {
+    key.contains('*')
+}
+
+/// The characters of a pattern before its first `*`: its precedence.
+pub fn literal_prefix(pattern: &str) -> &str {
+    pattern.split('*').next().unwrap_or_default()
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of
+/// characters (possibly none) and everything else for itself.
+pub fn glob(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let Some(first) = parts.next() else { return pattern == name };
+    let Some(mut rest) = name.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// Deserializes a parsed YAML tree; an error names the field's path

@@ -10,11 +10,12 @@ use indexmap::IndexMap;
 use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
 use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Strategy, Target, UpstreamConfig};
 use crate::anomaly::AnomalyConfig;
+use crate::classify::{Rule, Rules};
 use crate::health::BreakerConfig;
 use crate::journal::Retention;
 use crate::limits::LimitConfig;
-use crate::protocol::Protocol;
-use crate::retry::{Policy, Rule, Rules};
+use crate::protocol::Family;
+use crate::retry::Policy;
 
 const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -129,6 +130,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
     let stream_keepalive_every =
         duration("defaults.stream_keepalive_every", &d.stream_keepalive_every, Duration::from_secs(5), problems);
     let models = models(&raw, &upstreams, deadline, problems);
+    let patterns = pattern_order(&models, problems);
     let state = match raw.state.as_deref() {
         None | Some("") | Some("memory") => None,
         Some(url) => match url::Url::parse(url) {
@@ -165,6 +167,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         client_keys,
         upstreams,
         models,
+        patterns,
         retry,
         budget_ratio,
         budget_min_per_second,
@@ -199,8 +202,8 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         ok = false;
     }
     let protocol = match u.protocol.as_str() {
-        "openai" => Some(Protocol::OpenAi),
-        "anthropic" => Some(Protocol::Anthropic),
+        "openai" => Some(Family::OpenAi),
+        "anthropic" => Some(Family::Anthropic),
         other => {
             problems.push(format!("{}: {other:?} is not one of openai, anthropic", at("protocol")));
             None
@@ -347,7 +350,7 @@ fn models(
             continue;
         }
         let mut targets = Vec::new();
-        let mut protocol: Option<Protocol> = None;
+        let mut protocol: Option<Family> = None;
         for (j, t) in model.targets.iter().enumerate() {
             let Some(idx) = upstreams.iter().position(|u| u.name == t.upstream) else {
                 problems.push(format!(
@@ -367,11 +370,12 @@ fn models(
                 )),
                 Some(_) => {}
             }
-            let name = t.model.clone().unwrap_or_else(|| alias.clone());
-            if name.is_empty() {
+            if t.model.as_deref() == Some("") {
                 problems.push(format!("models.{alias}.targets[{j}].model: must not be empty"));
             }
-            targets.push(Target { upstream: idx, model: name, weight: t.weight.unwrap_or(1).max(1) });
+            // No `model`: the name the client asked for (the alias itself,
+            // or whatever name a pattern matched).
+            targets.push(Target { upstream: idx, model: t.model.clone(), weight: t.weight.unwrap_or(1).max(1) });
         }
         let deadline = duration(&format!("models.{alias}.deadline"), &model.deadline, default_deadline, problems);
         let strategy = match model.strategy.as_deref() {
@@ -390,6 +394,34 @@ fn models(
         }
     }
     out
+}
+
+/// The pattern keys of `models` in the order they are tried (longer
+/// literal prefix first, then config order), and a problem for each
+/// pattern that can never match: one that an earlier-tried `prefix*`
+/// with the same literal prefix already covers.
+fn pattern_order(models: &IndexMap<String, ModelRoute>, problems: &mut Vec<String>) -> Vec<usize> {
+    use super::{is_pattern, literal_prefix};
+    let mut order: Vec<usize> = models.keys().enumerate().filter(|(_, k)| is_pattern(k)).map(|(i, _)| i).collect();
+    let prefix_len = |i: usize| models.get_index(i).map_or(0, |(k, _)| literal_prefix(k).len());
+    order.sort_by_key(|&i| std::cmp::Reverse(prefix_len(i)));
+    for (n, &i) in order.iter().enumerate() {
+        let Some((key, _)) = models.get_index(i) else { continue };
+        let covered_by = order[..n].iter().filter_map(|&j| models.get_index(j)).find(|(earlier, _)| {
+            let prefix = literal_prefix(earlier);
+            earlier.len() == prefix.len() + 1
+                && earlier.ends_with('*')
+                && key.starts_with(prefix)
+                && literal_prefix(key).len() == prefix.len()
+        });
+        if let Some((earlier, _)) = covered_by {
+            problems.push(format!(
+                "models.{key}: this pattern can never match: {earlier:?} comes first and matches every name it does \
+                 (patterns with the same literal prefix are tried in config order)"
+            ));
+        }
+    }
+    order
 }
 
 /// Parses `32MiB`, `512KiB`, `1GiB`, `10MB`, `2048` into bytes.

@@ -22,8 +22,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use gcra::Gcra;
-use slots::{Lease, MemorySlots, Slots};
+use gcra::{Bucket, Gcra};
+use slots::{Lease, MemorySlots};
+use tokio_util::task::TaskTracker;
 
 use crate::shared::{SharedLease, SharedSlot, SharedState};
 
@@ -158,7 +159,10 @@ impl Queue {
 pub struct Limiter {
     me: std::sync::Weak<Limiter>,
     config: LimitConfig,
-    slots: Box<dyn Slots>,
+    slots: MemorySlots,
+    /// Background updates of the shared store and delayed slot releases:
+    /// owned here so shutdown can wait for them.
+    tasks: TaskTracker,
     rpm: Option<Gcra>,
     tpm: Option<Gcra>,
     effective: Mutex<f64>,
@@ -192,7 +196,9 @@ impl Permit {
             if let (Some(shared), Some(limit)) = (&self.limiter.shared, self.limiter.config.tpm) {
                 if delta != 0 && shared.state.is_up() {
                     let (state, upstream) = (shared.state.clone(), shared.upstream.clone());
-                    tokio::spawn(async move { state.adjust(&upstream, "tpm", delta, limit, MINUTE).await });
+                    self.limiter.tasks.spawn(async move {
+                        state.adjust(&upstream, Bucket::Tpm, delta, limit, MINUTE).await;
+                    });
                 }
             }
         }
@@ -227,25 +233,16 @@ impl Drop for QueueSpot<'_> {
 impl Limiter {
     /// A limiter with in-process slots.
     pub fn new(config: LimitConfig) -> Arc<Self> {
-        Self::with_slots(config, Box::new(MemorySlots::default()))
+        Self::build(config, None)
     }
 
     /// A limiter whose slots, rate buckets and adaptive limit are also
     /// shared with other replicas through `state` (as `upstream`).
     pub fn shared(config: LimitConfig, state: Arc<SharedState>, upstream: &str) -> Arc<Self> {
-        Self::build(
-            config,
-            Box::new(MemorySlots::default()),
-            Some(Shared { state, upstream: upstream.to_owned(), limit: Mutex::new(None) }),
-        )
+        Self::build(config, Some(Shared { state, upstream: upstream.to_owned(), limit: Mutex::new(None) }))
     }
 
-    /// A limiter over any slot store.
-    pub fn with_slots(config: LimitConfig, slots: Box<dyn Slots>) -> Arc<Self> {
-        Self::build(config, slots, None)
-    }
-
-    fn build(config: LimitConfig, slots: Box<dyn Slots>, shared: Option<Shared>) -> Arc<Self> {
+    fn build(config: LimitConfig, shared: Option<Shared>) -> Arc<Self> {
         let minute = Duration::from_secs(60);
         let start = f64::from(config.max_concurrent.unwrap_or(config.adaptive_max).max(1));
         Arc::new_cyclic(|me| Self {
@@ -254,7 +251,8 @@ impl Limiter {
             tpm: config.tpm.map(|n| Gcra::new(n, minute)),
             effective: Mutex::new(start),
             queue: Mutex::new(Queue::default()),
-            slots,
+            slots: MemorySlots::default(),
+            tasks: TaskTracker::new(),
             shared,
             config,
         })
@@ -284,7 +282,7 @@ impl Limiter {
     async fn rate_wait(&self, tokens: u64, now: Instant) -> Duration {
         let mut wait = Duration::ZERO;
         for (what, bucket, limit, cost) in
-            [("rpm", &self.rpm, self.config.rpm, 1), ("tpm", &self.tpm, self.config.tpm, tokens)]
+            [(Bucket::Rpm, &self.rpm, self.config.rpm, 1), (Bucket::Tpm, &self.tpm, self.config.tpm, tokens)]
         {
             let (Some(bucket), Some(limit)) = (bucket, limit) else { continue };
             let shared = match &self.shared {
@@ -385,7 +383,7 @@ impl Limiter {
             // of what all of them hold.
             let (state, upstream, cap) = (shared.state.clone(), shared.upstream.clone(), self.cap() as u32);
             let me = self.me.clone();
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 if let (Some(limit), Some(me)) = (state.lower(&upstream, cap).await, me.upgrade()) {
                     me.set_shared_limit(limit);
                 }
@@ -410,7 +408,7 @@ impl Limiter {
             if below {
                 let (state, upstream, cap) = (shared.state.clone(), shared.upstream.clone(), self.cap() as u32);
                 let me = self.me.clone();
-                tokio::spawn(async move {
+                self.tasks.spawn(async move {
                     if let (Some(limit), Some(me)) = (state.grow(&upstream, cap).await, me.upgrade()) {
                         me.set_shared_limit(limit);
                     }
@@ -432,6 +430,12 @@ impl Limiter {
         }
     }
 
+    /// Background work this limiter started (shared-store updates,
+    /// delayed slot releases), for shutdown to wait on.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
     /// Slots taken right now (by this replica).
     pub fn in_flight(&self) -> u32 {
         self.slots.taken()
@@ -446,7 +450,8 @@ impl Limiter {
         }
         // The upstream keeps the session open a while after the answer:
         // the slot frees later. The task only sleeps and gives back.
-        tokio::spawn(async move {
+        let tasks = self.tasks.clone();
+        tasks.spawn(async move {
             tokio::time::sleep(delay).await;
             drop(shared);
             self.give_back(lease);

@@ -1,8 +1,8 @@
 //! Where concurrency slots live.
 //!
-//! A slot is a lease: taken under a limit, renewed while its request runs,
-//! given back at the end. In one process a counter is enough
-//! ([`MemorySlots`]); a shared store (Redis) keeps leases with an expiry so
+//! A slot is a lease: taken under a limit, given back at the end. In one
+//! process a counter is enough ([`MemorySlots`]); with shared state each
+//! slot is also a lease in the store (`crate::shared`), with an expiry so
 //! a replica that dies never leaks a slot. The queue in front of the slots
 //! (order, fairness, waiting) stays in each process.
 
@@ -15,18 +15,6 @@ pub struct Lease {
     pub id: u64,
 }
 
-/// Slot storage behind a [`super::Limiter`].
-pub trait Slots: Send + Sync + 'static {
-    /// Takes a slot if fewer than `limit` are taken.
-    fn try_take(&self, limit: u32) -> Option<Lease>;
-    /// Gives a slot back.
-    fn give_back(&self, lease: Lease);
-    /// Keeps a long request's lease alive (shared stores expire leases).
-    fn renew(&self, _lease: &Lease) {}
-    /// Slots taken right now.
-    fn taken(&self) -> u32;
-}
-
 /// Slots of this process only.
 #[derive(Debug, Default)]
 pub struct MemorySlots {
@@ -34,19 +22,22 @@ pub struct MemorySlots {
     next: AtomicU64,
 }
 
-impl Slots for MemorySlots {
-    fn try_take(&self, limit: u32) -> Option<Lease> {
+impl MemorySlots {
+    /// Takes a slot if fewer than `limit` are taken.
+    pub fn try_take(&self, limit: u32) -> Option<Lease> {
         self.taken
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
             .ok()
             .map(|_| Lease { id: self.next.fetch_add(1, Ordering::Relaxed) })
     }
 
-    fn give_back(&self, _lease: Lease) {
+    /// Gives a slot back.
+    pub fn give_back(&self, _lease: Lease) {
         let _ = self.taken.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
     }
 
-    fn taken(&self) -> u32 {
+    /// Slots taken right now.
+    pub fn taken(&self) -> u32 {
         self.taken.load(Ordering::Acquire)
     }
 }

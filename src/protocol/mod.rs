@@ -1,12 +1,25 @@
-//! The two client-facing wire protocols, reduced to what tidegate reads.
+//! The wire protocols tidegate speaks, one module each, reduced to what
+//! tidegate reads.
 //!
-//! tidegate never re-serialises a request: it reads `model` and `stream`
-//! from the raw bytes and, when a target renames the model, splices the new
-//! value into the same bytes. Field order, unknown fields, tools and images
+//! A protocol module owns everything specific to its format: the error
+//! shapes (tidegate's own and how an upstream's error event maps to a
+//! status), the stream's event grammar (which events open the answer,
+//! carry it, end it or fail it, and where usage sits), how a mid-stream
+//! failure is told to the client, and how a broken answer is continued.
+//! The relay and the stream body ask through [`Protocol`]'s methods and
+//! never match on a protocol's strings themselves; adding a protocol is a
+//! module, a variant here and a route.
+//!
+//! tidegate never re-serialises a request: [`peek`] reads `model`,
+//! `stream` and a few routing fields from the raw bytes and, when a
+//! target renames the model, [`body_for_target`] splices the new value
+//! into the same bytes. Field order, unknown fields, tools and images
 //! reach the upstream exactly as the client sent them.
 
 pub mod anthropic;
-pub mod openai;
+pub mod events;
+pub mod openai_chat;
+pub mod openai_responses;
 
 use std::fmt;
 use std::ops::Range;
@@ -15,30 +28,150 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-/// A client-facing API dialect; also what an upstream speaks.
+use events::{Kind, Seen};
+
+/// What an upstream speaks (an upstream's `protocol:` in the config): the
+/// family decides its auth header and which endpoints it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Protocol {
-    /// OpenAI chat completions.
+pub enum Family {
+    /// OpenAI-compatible: chat completions, Responses, embeddings.
     OpenAi,
-    /// Anthropic messages.
+    /// Anthropic: messages and count_tokens.
     Anthropic,
 }
 
-impl fmt::Display for Protocol {
+impl fmt::Display for Family {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Protocol::OpenAi => "openai",
-            Protocol::Anthropic => "anthropic",
+            Family::OpenAi => "openai",
+            Family::Anthropic => "anthropic",
         })
     }
 }
 
+/// A client-facing wire protocol: error shapes and stream grammar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// OpenAI chat completions (and embeddings, which share its errors).
+    OpenAiChat,
+    /// The OpenAI Responses API.
+    OpenAiResponses,
+    /// Anthropic messages.
+    Anthropic,
+}
+
 impl Protocol {
-    /// The client endpoint that serves this protocol.
-    pub fn endpoint(self) -> &'static str {
+    /// The upstream family that serves this protocol.
+    pub fn family(self) -> Family {
         match self {
-            Protocol::OpenAi => "/v1/chat/completions",
-            Protocol::Anthropic => "/v1/messages",
+            Protocol::OpenAiChat | Protocol::OpenAiResponses => Family::OpenAi,
+            Protocol::Anthropic => Family::Anthropic,
+        }
+    }
+
+    /// tidegate's own error answer in this protocol's shape.
+    pub fn error_body(self, kind: ErrorKind, message: &str, code: Option<&str>) -> Bytes {
+        match self {
+            Protocol::OpenAiChat => openai_chat::error_body(kind, message, code),
+            Protocol::OpenAiResponses => openai_responses::error_body(kind, message, code),
+            Protocol::Anthropic => anthropic::error_body(kind, message),
+        }
+    }
+
+    /// A failure after the stream was committed, as this protocol's
+    /// error event(s): what the client's SDK raises on.
+    pub fn error_event(self, kind: ErrorKind, message: &str) -> Bytes {
+        match self {
+            Protocol::OpenAiChat => openai_chat::error_event(kind, message),
+            Protocol::OpenAiResponses => openai_responses::error_event(kind, message),
+            Protocol::Anthropic => anthropic::error_event(kind, message),
+        }
+    }
+
+    /// What one complete SSE event is (`name`: its `event:` field;
+    /// `data`: its joined `data:` lines), noting text, usage and tool
+    /// calls in `seen`.
+    pub fn inspect(self, name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize) -> Kind {
+        match self {
+            Protocol::OpenAiChat => openai_chat::inspect(name, data, seen, text_cap),
+            Protocol::OpenAiResponses => openai_responses::inspect(name, data, seen, text_cap),
+            Protocol::Anthropic => anthropic::inspect(name, data, seen, text_cap),
+        }
+    }
+
+    /// The request that continues a broken text answer from `partial`
+    /// (`stream_resume`); `None` when this protocol or body cannot be
+    /// continued.
+    pub fn continuation_body(self, original: &[u8], partial: &str, model: &str) -> Option<Bytes> {
+        match self {
+            Protocol::OpenAiChat => openai_chat::continuation_body(original, partial, model),
+            Protocol::OpenAiResponses => openai_responses::continuation_body(original, partial, model),
+            Protocol::Anthropic => anthropic::continuation_body(original, partial, model),
+        }
+    }
+
+    /// A 2xx JSON answer that is really a failure (a Responses object
+    /// with `status: failed`): its error, to classify. Only protocols
+    /// that can say so are read; the others stream through untouched.
+    pub fn failed_answer(self, body: &[u8]) -> Option<Bytes> {
+        match self {
+            Protocol::OpenAiResponses => openai_responses::failed_answer(body),
+            Protocol::OpenAiChat | Protocol::Anthropic => None,
+        }
+    }
+
+    /// Whether a 2xx JSON answer must be read whole before it is relayed
+    /// (to find a [`Protocol::failed_answer`] or the id state is pinned to).
+    pub fn reads_json_answers(self) -> bool {
+        match self {
+            Protocol::OpenAiResponses => true,
+            Protocol::OpenAiChat | Protocol::Anthropic => false,
+        }
+    }
+
+    /// The id a non-stream answer gives its stored state (Responses).
+    pub fn answer_id(self, body: &[u8]) -> Option<String> {
+        match self {
+            Protocol::OpenAiResponses => openai_responses::answer_id(body),
+            Protocol::OpenAiChat | Protocol::Anthropic => None,
+        }
+    }
+}
+
+/// A client endpoint tidegate serves: its path, the path appended to an
+/// upstream's `base_url`, and the protocol its answers are in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+    /// `POST /v1/messages`.
+    Messages,
+    /// `POST /v1/messages/count_tokens`.
+    CountTokens,
+}
+
+impl Endpoint {
+    /// Every endpoint (upstreams precompute one URL each).
+    pub const ALL: [Endpoint; 5] = [
+        Endpoint::ChatCompletions,
+        Endpoint::Responses,
+        Endpoint::Embeddings,
+        Endpoint::Messages,
+        Endpoint::CountTokens,
+    ];
+
+    /// The client-facing path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::Embeddings => "/v1/embeddings",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::CountTokens => "/v1/messages/count_tokens",
         }
     }
 
@@ -46,15 +179,42 @@ impl Protocol {
     /// takes it: OpenAI's includes `/v1`, Anthropic's does not).
     pub fn upstream_path(self) -> &'static str {
         match self {
-            Protocol::OpenAi => "/chat/completions",
-            Protocol::Anthropic => "/v1/messages",
+            Endpoint::ChatCompletions => "/chat/completions",
+            Endpoint::Responses => "/responses",
+            Endpoint::Embeddings => "/embeddings",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::CountTokens => "/v1/messages/count_tokens",
         }
+    }
+
+    /// The protocol of its answers and errors.
+    pub fn protocol(self) -> Protocol {
+        match self {
+            Endpoint::ChatCompletions | Endpoint::Embeddings => Protocol::OpenAiChat,
+            Endpoint::Responses => Protocol::OpenAiResponses,
+            Endpoint::Messages | Endpoint::CountTokens => Protocol::Anthropic,
+        }
+    }
+
+    /// Whether its requests spend the upstream's token budget (`tpm`):
+    /// counting tokens does not generate any.
+    pub fn spends_tokens(self) -> bool {
+        match self {
+            Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Embeddings | Endpoint::Messages => true,
+            Endpoint::CountTokens => false,
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.path())
     }
 }
 
 /// What tidegate needs from a request body, with the byte span of the
 /// `model` value so it can be replaced without touching anything else.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestHead {
     /// The model the client asked for.
     pub model: String,
@@ -62,8 +222,12 @@ pub struct RequestHead {
     pub model_span: Range<usize>,
     /// Whether the client asked for SSE.
     pub stream: bool,
-    /// `max_tokens` (or `max_completion_tokens`), for token-rate limits.
+    /// `max_tokens` (or `max_completion_tokens`, `max_output_tokens`), for
+    /// token-rate limits.
     pub max_tokens: Option<u64>,
+    /// Responses API: the stored response this one continues; such a
+    /// request can only be served by the upstream that stored it.
+    pub previous_response_id: Option<String>,
 }
 
 /// Why a body could not be read.
@@ -90,6 +254,10 @@ struct Peek<'a> {
     max_tokens: Option<u64>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    previous_response_id: Option<String>,
 }
 
 /// Reads `model` and `stream` from a request body in one pass (the rest is
@@ -112,7 +280,8 @@ pub fn peek(body: &[u8]) -> Result<RequestHead, PeekError> {
         model,
         model_span: span,
         stream: peek.stream.unwrap_or(false),
-        max_tokens: peek.max_tokens.or(peek.max_completion_tokens),
+        max_tokens: peek.max_tokens.or(peek.max_completion_tokens).or(peek.max_output_tokens),
+        previous_response_id: peek.previous_response_id,
     })
 }
 
@@ -152,12 +321,59 @@ pub enum ErrorKind {
     Timeout,
 }
 
-/// Serialises a tidegate error in `protocol`'s shape.
-pub fn error_body(protocol: Protocol, kind: ErrorKind, message: &str, code: Option<&str>) -> Bytes {
-    match protocol {
-        Protocol::OpenAi => openai::error_body(kind, message, code),
-        Protocol::Anthropic => anthropic::error_body(kind, message),
+/// The HTTP status an error event (or failed answer) stands for, so it
+/// is classified like the non-200 answer it replaces: a numeric
+/// `status`/`code` in the error object, else the error type or code the
+/// protocols use, else 200 (then judged by its words). The error object is
+/// found at `error`, `response.error` (Responses) or the top level.
+pub fn error_status(data: &[u8]) -> u16 {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { return 200 };
+    let err = v.get("error").or_else(|| v.get("response").and_then(|r| r.get("error"))).unwrap_or(&v);
+    for key in ["status", "code", "status_code"] {
+        let n = match err.get(key).or_else(|| v.get(key)) {
+            Some(serde_json::Value::Number(n)) => n.as_u64(),
+            Some(serde_json::Value::String(s)) => s.parse().ok(),
+            _ => None,
+        };
+        if let Some(n) = n.filter(|n| (400..=599).contains(n)) {
+            return n as u16;
+        }
     }
+    let named = |key: &str| err.get(key).and_then(|t| t.as_str());
+    named("type").into_iter().chain(named("code")).find_map(status_of_name).unwrap_or(200)
+}
+
+fn status_of_name(name: &str) -> Option<u16> {
+    Some(match name {
+        "overloaded_error" | "server_is_overloaded" | "overloaded" => 529,
+        "rate_limit_error" | "rate_limit_exceeded" | "insufficient_quota" => 429,
+        "api_error" | "server_error" => 500,
+        "invalid_request_error" | "context_length_exceeded" => 400,
+        "authentication_error" | "invalid_api_key" => 401,
+        "permission_error" => 403,
+        "not_found_error" => 404,
+        "request_too_large" => 413,
+        _ => return None,
+    })
+}
+
+/// The original body with `model` set for the target and `partial`
+/// appended as the assistant's turn (merged into a trailing assistant
+/// message if the client had one): how chat-style protocols continue a
+/// broken answer.
+fn append_assistant_turn(original: &[u8], partial: &str, model: &str) -> Option<Bytes> {
+    use serde_json::Value;
+    let mut v: Value = serde_json::from_slice(original).ok()?;
+    let obj = v.as_object_mut()?;
+    obj.insert("model".into(), Value::String(model.into()));
+    let messages = obj.get_mut("messages")?.as_array_mut()?;
+    let last_is_assistant = messages.last().is_some_and(|m| m["role"] == "assistant");
+    match messages.last_mut().filter(|_| last_is_assistant).map(|m| &mut m["content"]) {
+        Some(Value::String(text)) => text.push_str(partial),
+        Some(Value::Array(blocks)) => blocks.push(serde_json::json!({"type": "text", "text": partial})),
+        _ => messages.push(serde_json::json!({"role": "assistant", "content": partial})),
+    }
+    serde_json::to_vec(&v).ok().map(Bytes::from)
 }
 
 #[cfg(test)]
@@ -196,5 +412,42 @@ mod tests {
         // Same name: the very same bytes, no copy.
         let same = body_for_target(&body, &head, "alias");
         assert_eq!(same.as_ptr(), body.as_ptr());
+    }
+
+    #[test]
+    fn error_events_map_to_statuses() {
+        assert_eq!(error_status(br#"{"type":"error","error":{"type":"overloaded_error","message":"x"}}"#), 529);
+        assert_eq!(error_status(br#"{"error":{"code":429,"message":"busy"}}"#), 429);
+        assert_eq!(error_status(br#"{"error":{"code":"TM.00001041","message":"3 sessions"}}"#), 200);
+        assert_eq!(error_status(br#"{"error":{"status":"503"}}"#), 503);
+        assert_eq!(error_status(b"not json"), 200);
+        // Responses: the error sits in `response.error`, named by its code.
+        let failed = br#"{"type":"response.failed","response":{"status":"failed","error":{"code":"rate_limit_exceeded","message":"slow down"}}}"#;
+        assert_eq!(error_status(failed), 429);
+        assert_eq!(error_status(br#"{"error":{"code":"server_is_overloaded"}}"#), 529);
+    }
+
+    #[test]
+    fn partial_answer_becomes_the_assistant_turn() {
+        let body = br#"{"model":"alias","max_tokens":50,"messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+        let out = Protocol::Anthropic.continuation_body(body, "tok0 tok1 ", "real").unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"model":"real","max_tokens":50,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"tok0 tok1"}],"stream":true}"#
+        );
+        let prefilled =
+            br#"{"model":"a","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure: "}]}"#;
+        let out = Protocol::OpenAiChat.continuation_body(prefilled, "one two ", "a").unwrap();
+        assert!(std::str::from_utf8(&out).unwrap().contains(r#"{"role":"assistant","content":"Sure: one two "}"#));
+        assert!(Protocol::OpenAiChat.continuation_body(br#"{"model":"a"}"#, "x", "a").is_none());
+        assert!(Protocol::OpenAiResponses.continuation_body(body, "x", "a").is_none(), "Responses are not continued");
+    }
+
+    #[test]
+    fn peek_reads_the_responses_fields() {
+        let head =
+            peek(br#"{"model":"m","input":"hi","previous_response_id":"resp_1","max_output_tokens":99}"#).unwrap();
+        assert_eq!(head.previous_response_id.as_deref(), Some("resp_1"));
+        assert_eq!(head.max_tokens, Some(99));
     }
 }

@@ -16,7 +16,7 @@ use crate::error::GatewayError;
 use crate::limits::Refused;
 use crate::protocol::{ErrorKind, Protocol};
 use crate::retry::{self, GiveUp, Policy};
-use crate::stream::{RelayBody, error_event};
+use crate::stream::RelayBody;
 use crate::upstream::Upstream;
 
 /// The final answer of the attempt loop.
@@ -69,11 +69,11 @@ impl Answer {
                     class.as_str(),
                     crate::classify::summary::summarize(&body)
                 );
-                (error_event(protocol, kind, &message), Some(class), message)
+                (protocol.error_event(kind, &message), Some(class), message)
             }
             Answer::Gateway(error) => {
                 let (kind, message) = (error.kind(), format!("tidegate: {error}"));
-                (error_event(protocol, kind, &message), error.class(), message)
+                (protocol.error_event(kind, &message), error.class(), message)
             }
         }
     }
@@ -104,7 +104,7 @@ pub(super) struct Context<'a> {
 
 impl<'a> Context<'a> {
     pub fn new(
-        gw: &'a crate::server::Gateway,
+        gw: &'a crate::gateway::Gateway,
         upstream: &'a Upstream,
         attempts: usize,
         started: tokio::time::Instant,

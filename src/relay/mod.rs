@@ -1,16 +1,25 @@
 //! The attempt loop: from a routed request to the answer the client gets.
 //!
-//! Plain async code, top to bottom: send the same bytes, classify the
-//! answer ([`crate::classify`]), ask [`crate::retry::decide`] what to do,
-//! wait or stop. A 2xx JSON answer is relayed as it streams; a 2xx SSE
-//! answer first passes the stream handshake ([`crate::stream::handshake`]);
-//! an error body is read (it is small) so it can be classified and, if it
-//! is the final answer, returned verbatim. Waiting ends the moment the
-//! client goes away: hyper drops this future, and with it the sleep and any
-//! upstream call.
+//! Plain async code, one named step per phase of an attempt:
+//!
+//! ```text
+//! pick target ─► acquire slot ─► send ─► classify ─► feed back ─► decide
+//!      ▲                                                            │
+//!      └──────────── wait (hint, rule, backoff) / next target ◄─────┘
+//! ```
+//!
+//! A 2xx JSON answer is relayed as it streams (a protocol that can hide a
+//! failure in a 2xx answer has it read first); a 2xx SSE answer first
+//! passes the stream handshake ([`crate::stream::handshake`]); an error
+//! body is read (it is small) so it can be classified and, if it is the
+//! final answer, returned verbatim. Waiting ends the moment the client
+//! goes away: hyper drops this future, and with it the sleep and any
+//! upstream call. A stream continuation (`stream_resume`) is one more run
+//! of this same loop ([`continuation`]).
 
 mod answer;
 mod targets;
+pub mod waiting;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,24 +33,30 @@ use tokio::time::Instant;
 pub use answer::Answer;
 
 use crate::classify::{self, Class, Outcome, TransportFailure};
-use crate::protocol::{Protocol, RequestHead};
+use crate::gateway::Gateway;
+use crate::limits::Permit;
+use crate::protocol::{self, Endpoint, Protocol, RequestHead};
+use crate::record::{AttemptLog, Verdict, WaitSource};
 use crate::retry::{self, Decision, GiveUp, Situation};
-use crate::server::Gateway;
 use crate::stream::RelayBody;
 use crate::stream::handshake::{self, Handshake};
-use crate::stream::resume::Resume;
-use crate::stream::waiting::Progress;
+use crate::stream::resume::{self, Resume};
 use crate::upstream::{SendError, Upstream};
 use targets::{Pick, Targets};
+use waiting::Progress;
 
 /// Token estimate for a request without `max_tokens` (rate limits).
 const DEFAULT_MAX_TOKENS: u64 = 1024;
 
 /// Continuations per request when `stream_resume` is on.
-const MAX_RESUMES: u8 = 2;
+pub const MAX_RESUMES: u8 = 2;
 
 /// Largest error body read for classification.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
+
+/// Largest 2xx JSON answer read whole to check it (protocols whose
+/// answers can say `failed` under 200); a larger one fails the attempt.
+const MAX_CHECKED_ANSWER: usize = 64 * 1024 * 1024;
 
 /// Response headers that describe one hop and must not be relayed.
 const HOP_BY_HOP: &[HeaderName] = &[
@@ -55,18 +70,19 @@ const HOP_BY_HOP: &[HeaderName] = &[
 
 /// One request, owned, so the loop can outlive the handler (a committed
 /// keep-alive stream runs it inside its body).
+#[derive(Clone)]
 pub struct Job {
     /// Shared gateway state.
     pub gw: Arc<Gateway>,
-    /// The client's protocol (for tidegate's own answers).
-    pub protocol: Protocol,
+    /// The endpoint asked (its protocol shapes tidegate's own answers).
+    pub endpoint: Endpoint,
     /// Index of the alias in `config.models`.
     pub route: usize,
     /// `model`/`stream` and the model's byte span.
     pub head: RequestHead,
     /// The client's body, untouched.
     pub body: Bytes,
-    /// The client's headers (an allowlist is forwarded).
+    /// The client's headers (forwarded except credentials and hop-by-hop).
     pub client_headers: HeaderMap,
     /// When the request must be answered.
     pub deadline: Instant,
@@ -76,23 +92,14 @@ pub struct Job {
     pub progress: Arc<Progress>,
     /// Client key name, for fair queueing.
     pub client: String,
+    /// Continuations this request may still ask for.
+    pub resumes: u8,
 }
 
-/// What one attempt did, for the log line, the journal and messages.
-#[derive(Debug, Clone)]
-pub struct AttemptLog {
-    /// Upstream index.
-    pub upstream: usize,
-    /// Upstream status, if an answer arrived.
-    pub status: Option<u16>,
-    /// Class of a failed attempt (`None` for success).
-    pub class: Option<Class>,
-    /// What the provider said.
-    pub summary: String,
-    /// `ok`, `retry_same`, `give_up` or `fatal`.
-    pub verdict: &'static str,
-    /// Wait before the next attempt.
-    pub wait: Option<Duration>,
+impl Job {
+    fn protocol(&self) -> Protocol {
+        self.endpoint.protocol()
+    }
 }
 
 /// The client's answer and how it came about.
@@ -119,170 +126,257 @@ enum Attempt {
 /// Runs attempts across the alias's targets until success, a final error,
 /// or the deadline.
 pub async fn relay(job: Job) -> Relayed {
-    let gw = &job.gw;
-    let started = Instant::now();
-    let mut attempts: Vec<AttemptLog> = Vec::new();
-    let mut queue_wait = Duration::ZERO;
-    let Some((_, route)) = gw.config.models.get_index(job.route) else {
+    let Some((_, route)) = job.gw.config.models.get_index(job.route) else {
         let error = crate::error::GatewayError::UnknownModel("model has no usable target".into());
-        return Relayed { answer: Answer::Gateway(error), upstream: None, attempts, queue_wait };
+        return Relayed {
+            answer: Answer::Gateway(error),
+            upstream: None,
+            attempts: Vec::new(),
+            queue_wait: Duration::ZERO,
+        };
     };
-    let mut targets = Targets::new(gw, route);
-    let tokens = job.head.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) + job.body.len() as u64 / 4;
-    let mut last: Option<(Outcome, usize)> = None;
+    let mut run = Run {
+        job: &job,
+        targets: Targets::new(&job.gw, route),
+        started: Instant::now(),
+        attempts: Vec::new(),
+        queue_wait: Duration::ZERO,
+        last: None,
+    };
+    let tokens = if job.endpoint.spends_tokens() {
+        job.head.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) + job.body.len() as u64 / 4
+    } else {
+        0
+    };
     loop {
-        let ti = match targets.pick(Instant::now()) {
-            Pick::Use(ti) => ti,
-            // The provider asked for nothing before `until`: wait for it
-            // within the deadline, else say so at once with that wait.
-            Pick::HoldUntil(until) => {
-                if until >= job.deadline {
-                    let (outcome, ti) = last.take().unwrap_or_else(|| (answer::held_off(), 0));
-                    let index = route.targets[ti].upstream;
-                    let upstream = &gw.upstreams[index];
-                    let wait = until.saturating_duration_since(Instant::now());
-                    let ctx = answer::Context::new(gw, upstream, attempts.len(), started, &targets.tried);
-                    let answer = answer::give_up(&ctx, GiveUp::BeyondDeadline { wait }, &outcome, None);
-                    return Relayed { answer, upstream: Some(index), attempts, queue_wait };
-                }
-                tokio::time::sleep_until(until).await;
-                continue;
-            }
-            // Every target left is broken: fail fast, saying when the
-            // first probe is due, rather than queueing behind a breaker.
-            pick @ (Pick::WaitUntil(_) | Pick::NoneLeft) => {
-                let probe = match pick {
-                    Pick::WaitUntil(until) => until.saturating_duration_since(Instant::now()),
-                    Pick::Use(_) | Pick::HoldUntil(_) | Pick::NoneLeft => Duration::ZERO,
-                };
-                let (outcome, ti) = last.take().unwrap_or_else(|| (answer::breakers_open(), 0));
-                let index = route.targets[ti].upstream;
-                let upstream = &gw.upstreams[index];
-                let wait = probe.max(Duration::from_secs(1));
-                let ctx = answer::Context::new(gw, upstream, attempts.len(), started, &targets.tried);
-                let answer = answer::give_up(&ctx, GiveUp::BreakerOpen { wait }, &outcome, None);
-                return Relayed { answer, upstream: Some(index), attempts, queue_wait };
-            }
+        let ti = match run.pick().await {
+            Ok(ti) => ti,
+            Err(stop) => return stop,
         };
-        let index = route.targets[ti].upstream;
-        let upstream = &gw.upstreams[index];
-        if targets.first_use(ti) {
-            upstream.budget.record_request(std::time::Instant::now());
-        }
-        job.progress.attempt(index);
-        // Wait for the upstream's rate buckets and a concurrency slot.
-        let queued_at = Instant::now();
-        let mut permit = match upstream.limiter.acquire(&job.client, tokens, job.deadline).await {
-            Ok(permit) => permit,
-            Err(refused) => {
-                let error = answer::refused(upstream, refused, attempts.len(), started.elapsed());
-                return Relayed { answer: Answer::Gateway(error), upstream: Some(index), attempts, queue_wait };
-            }
+        let (permit, held) = match run.acquire(ti, tokens).await {
+            Ok(acquired) => acquired,
+            Err(stop) => return stop,
         };
-        queue_wait += queued_at.elapsed();
-        let held = upstream.limiter.in_flight();
-        let remaining = job.deadline.saturating_duration_since(Instant::now());
-        let body = targets.body(ti, &job);
-        let (outcome, buffered) = match attempt(&job, upstream, body, remaining).await {
-            Attempt::Success(mut answer) => {
-                upstream.limiter.on_success();
-                upstream.health.on_success();
-                attempts.push(AttemptLog {
-                    upstream: index,
-                    status: Some(200),
-                    class: None,
-                    summary: String::new(),
-                    verdict: "ok",
-                    wait: None,
-                });
-                if let Answer::Stream(_, body) = &mut answer {
-                    // The slot is held until the last byte is relayed.
-                    body.hold(permit);
-                } else {
-                    permit.settle(0);
-                }
-                return Relayed { answer, upstream: Some(index), attempts, queue_wait };
-            }
+        let (outcome, buffered) = match run.send(ti).await {
+            Attempt::Success(answer) => return run.succeed(ti, answer, permit),
             Attempt::Failure(outcome, buffered) => (outcome, buffered),
         };
         // Give the slot back before any wait: others may use it meanwhile.
         drop(permit);
+        run.feed_back(ti, &outcome, held);
+        let decision = run.decide(ti, &outcome);
+        run.log(ti, &outcome, &decision);
+        match decision {
+            Decision::Retry { wait, source } => {
+                let upstream = run.upstream(ti);
+                if source == WaitSource::Backoff {
+                    upstream.budget.spend(Instant::now());
+                }
+                tracing::debug!(upstream = %upstream.config.name, class = outcome.class.as_str(), ?wait, source = source.as_str(), "retrying");
+                tokio::time::sleep(wait).await;
+            }
+            Decision::NextTarget => {
+                tracing::debug!(upstream = %run.upstream(ti).config.name, class = outcome.class.as_str(), "failing over");
+            }
+            Decision::Requeue => {
+                tracing::debug!(upstream = %run.upstream(ti).config.name, held, "concurrency refusal: back in the queue");
+            }
+            Decision::GiveUp(why) => return run.give_up(ti, why, &outcome, buffered),
+        }
+        run.last = Some((outcome, ti));
+    }
+}
+
+/// One request's walk through the loop: what was tried and waited.
+struct Run<'a> {
+    job: &'a Job,
+    targets: Targets<'a>,
+    started: Instant,
+    attempts: Vec<AttemptLog>,
+    queue_wait: Duration,
+    /// The last failure and its target, for a give-up before any attempt.
+    last: Option<(Outcome, usize)>,
+}
+
+impl Run<'_> {
+    fn upstream(&self, ti: usize) -> &Upstream {
+        &self.job.gw.upstreams[self.targets.upstream(ti)]
+    }
+
+    fn stop(&mut self, answer: Answer, ti: Option<usize>) -> Relayed {
+        Relayed {
+            answer,
+            upstream: ti.map(|ti| self.targets.upstream(ti)),
+            attempts: std::mem::take(&mut self.attempts),
+            queue_wait: self.queue_wait,
+        }
+    }
+
+    /// Pick: the target for the next attempt. A provider's hold is waited
+    /// out within the deadline; every breaker open fails fast.
+    async fn pick(&mut self) -> Result<usize, Relayed> {
+        loop {
+            let (why, fallback) = match self.targets.pick(Instant::now()) {
+                Pick::Use(ti) => return Ok(ti),
+                // The provider asked for nothing before `until`: wait for
+                // it within the deadline, else say so at once with that wait.
+                Pick::HoldUntil(until) if until < self.job.deadline => {
+                    tokio::time::sleep_until(until).await;
+                    continue;
+                }
+                Pick::HoldUntil(until) => {
+                    let wait = until.saturating_duration_since(Instant::now());
+                    (GiveUp::BeyondDeadline { wait }, answer::held_off())
+                }
+                // Every target left is broken: fail fast, saying when the
+                // first probe is due, rather than queueing behind a breaker.
+                Pick::WaitUntil(until) => {
+                    let wait = until.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+                    (GiveUp::BreakerOpen { wait }, answer::breakers_open())
+                }
+                Pick::NoneLeft => (GiveUp::BreakerOpen { wait: Duration::from_secs(1) }, answer::breakers_open()),
+            };
+            let (outcome, ti) = self.last.take().unwrap_or((fallback, 0));
+            return Err(self.give_up(ti, why, &outcome, None));
+        }
+    }
+
+    /// Acquire: wait for the upstream's rate buckets and a concurrency
+    /// slot. Returns the permit and how many slots were held with it.
+    async fn acquire(&mut self, ti: usize, tokens: u64) -> Result<(Permit, u32), Relayed> {
+        let index = self.targets.upstream(ti);
+        let upstream = &self.job.gw.upstreams[index];
+        if self.targets.first_use(ti) {
+            upstream.budget.record_request(Instant::now());
+        }
+        self.job.progress.attempt(index);
+        let queued_at = Instant::now();
+        match upstream.limiter.acquire(&self.job.client, tokens, self.job.deadline).await {
+            Ok(permit) => {
+                self.queue_wait += queued_at.elapsed();
+                Ok((permit, upstream.limiter.in_flight()))
+            }
+            Err(refused) => {
+                let error = answer::refused(upstream, refused, self.attempts.len(), self.started.elapsed());
+                Err(self.stop(Answer::Gateway(error), Some(ti)))
+            }
+        }
+    }
+
+    /// Send and classify: one attempt on target `ti`.
+    async fn send(&mut self, ti: usize) -> Attempt {
+        let remaining = self.job.deadline.saturating_duration_since(Instant::now());
+        let body = self.targets.body(ti, self.job);
+        let index = self.targets.upstream(ti);
+        attempt(self.job, index, &self.job.gw.upstreams[index], body, remaining).await
+    }
+
+    /// The attempt succeeded: its answer goes to the client, holding the
+    /// slot until its last byte.
+    fn succeed(&mut self, ti: usize, mut answer: Answer, mut permit: Permit) -> Relayed {
+        let upstream = self.upstream(ti);
+        upstream.limiter.on_success();
+        upstream.health.on_success();
+        self.attempts.push(AttemptLog::ok(self.targets.upstream(ti)));
+        match &mut answer {
+            Answer::Stream(_, body) => body.hold(permit),
+            Answer::Verbatim { .. } | Answer::Gateway(_) => permit.settle(0),
+        }
+        self.stop(answer, Some(ti))
+    }
+
+    /// Feed back: the one place a failed attempt's outcome reaches the
+    /// upstream's health, its learned limit, the other replicas and this
+    /// request's view of its targets.
+    fn feed_back(&mut self, ti: usize, outcome: &Outcome, held: u32) {
+        let index = self.targets.upstream(ti);
+        let gw = &self.job.gw;
+        let upstream = &gw.upstreams[index];
         let now = Instant::now();
         upstream.health.on_failure(outcome.class, outcome.hints.retry_after, now);
         if let (Some(shared), Some((kind, left))) = (&upstream.shared, upstream.health.announcement(now)) {
             if shared.is_up() && left >= Duration::from_millis(500) {
                 let (shared, name) = (shared.clone(), upstream.config.name.clone());
-                tokio::spawn(async move { shared.announce(&name, kind, left).await });
+                gw.tasks.spawn(async move { shared.announce(&name, kind, left).await });
             }
         }
         if outcome.class == Class::Capacity && outcome.concurrency {
             upstream.limiter.on_concurrency_error(held);
         }
         if matches!(outcome.class, Class::Auth | Class::Entitlement) {
-            targets.exclude(ti);
+            self.targets.exclude(ti);
         }
-        targets.failed(ti, outcome.class, &outcome.summary);
-        let situation = Situation {
-            outcome: &outcome,
-            attempts: attempts.len() as u32 + 1,
-            policy: &gw.config.retry,
-            remaining: job.deadline.saturating_duration_since(now),
-            budget_ok: upstream.budget.has_room(std::time::Instant::now()),
-            chained: job.chained,
-            other_target_ready: targets.other_ready(ti, now),
-            other_target_left: targets.other_left(ti),
+        self.targets.failed(ti, outcome.class, &outcome.summary);
+    }
+
+    /// Decide: the retry policy's verdict on this failure (pure; the
+    /// situation is gathered here).
+    fn decide(&self, ti: usize, outcome: &Outcome) -> Decision {
+        let upstream = self.upstream(ti);
+        let now = Instant::now();
+        retry::decide(&Situation {
+            outcome,
+            attempts: self.attempts.len() as u32 + 1,
+            policy: &self.job.gw.config.retry,
+            remaining: self.job.deadline.saturating_duration_since(now),
+            budget_ok: upstream.budget.has_room(now),
+            chained: self.job.chained,
+            other_target_ready: self.targets.other_ready(ti, now),
+            other_target_left: self.targets.other_left(ti),
             others_in_flight: upstream.limiter.in_flight() > 0,
             jitter: fastrand::f64(),
+        })
+    }
+
+    /// Records the failed attempt and what was decided about it.
+    fn log(&mut self, ti: usize, outcome: &Outcome, decision: &Decision) {
+        let fatal = outcome.rule.as_ref().is_some_and(|r| r.fatal);
+        let (verdict, wait) = match decision {
+            Decision::Retry { wait, .. } => (Verdict::RetrySame, Some(*wait)),
+            Decision::NextTarget => (Verdict::NextTarget, None),
+            Decision::Requeue => (Verdict::Requeue, None),
+            Decision::GiveUp(GiveUp::NotRetryable) if fatal => (Verdict::Fatal, None),
+            Decision::GiveUp(_) => (Verdict::GiveUp, None),
         };
-        let decision = retry::decide(&situation);
-        attempts.push(AttemptLog {
-            upstream: index,
+        self.attempts.push(AttemptLog {
+            upstream: self.targets.upstream(ti),
             status: outcome.status,
             class: Some(outcome.class),
             summary: outcome.summary.clone(),
-            verdict: match &decision {
-                Decision::Retry { .. } => "retry_same",
-                Decision::NextTarget => "next_target",
-                Decision::Requeue => "requeue",
-                Decision::GiveUp(GiveUp::NotRetryable) if outcome.rule.as_ref().is_some_and(|r| r.fatal) => "fatal",
-                Decision::GiveUp(_) => "give_up",
-            },
-            wait: match &decision {
-                Decision::Retry { wait, .. } => Some(*wait),
-                Decision::NextTarget | Decision::Requeue | Decision::GiveUp(_) => None,
-            },
+            verdict,
+            wait,
         });
-        match decision {
-            Decision::Retry { wait, source } => {
-                if source == "backoff" {
-                    upstream.budget.spend(std::time::Instant::now());
-                }
-                tracing::debug!(upstream = %upstream.config.name, class = outcome.class.as_str(), ?wait, source, "retrying");
-                tokio::time::sleep(wait).await;
-            }
-            Decision::NextTarget => {
-                tracing::debug!(upstream = %upstream.config.name, class = outcome.class.as_str(), "failing over");
-            }
-            Decision::Requeue => {
-                tracing::debug!(upstream = %upstream.config.name, held, "concurrency refusal: back in the queue");
-            }
-            Decision::GiveUp(why) => {
-                let ctx = answer::Context::new(gw, upstream, attempts.len(), started, &targets.tried);
-                let answer = answer::give_up(&ctx, why, &outcome, buffered);
-                return Relayed { answer, upstream: Some(index), attempts, queue_wait };
-            }
-        }
-        last = Some((outcome, ti));
+    }
+
+    /// The one place the give-up answer is built: the upstream's own
+    /// answer verbatim when it is final as sent, else tidegate's account.
+    fn give_up(
+        &mut self,
+        ti: usize,
+        why: GiveUp,
+        outcome: &Outcome,
+        buffered: Option<(http::response::Parts, Bytes)>,
+    ) -> Relayed {
+        let ctx = answer::Context::new(
+            &self.job.gw,
+            self.upstream(ti),
+            self.attempts.len(),
+            self.started,
+            &self.targets.tried,
+        );
+        let answer = answer::give_up(&ctx, why, outcome, buffered);
+        self.stop(answer, Some(ti))
     }
 }
 
 /// One attempt: send, and turn whatever came back into an answer or a
 /// classified failure.
-async fn attempt(job: &Job, upstream: &Upstream, body: Bytes, remaining: Duration) -> Attempt {
+async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, remaining: Duration) -> Attempt {
     let timeout = upstream.config.header_timeout.min(remaining);
     let rules = &upstream.config.rules;
     let now = jiff::Timestamp::now;
-    let resp = match upstream.send(upstream.request(body, &job.client_headers), timeout).await {
+    let req = upstream.request(job.endpoint, body, &job.client_headers);
+    let resp = match upstream.send(req, timeout).await {
         Ok(resp) => resp,
         Err(SendError::Transport(detail)) => {
             return Attempt::Failure(classify::classify_transport(&TransportFailure::Connection(detail)), None);
@@ -300,34 +394,46 @@ async fn attempt(job: &Job, upstream: &Upstream, body: Bytes, remaining: Duratio
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let idle = upstream.config.stream_idle_timeout;
-    let name = &upstream.config.name;
+    let protocol = job.protocol();
+    let name = (index, upstream.config.name.as_str());
     if !is_sse(&parts.headers) {
-        return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::raw(incoming, idle, job.protocol, name))));
+        if !protocol.reads_json_answers() {
+            return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::raw(incoming, idle, protocol, name))));
+        }
+        let read = tokio::time::timeout(remaining, Limited::new(incoming, MAX_CHECKED_ANSWER).collect()).await;
+        let bytes = match read {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(err)) => {
+                let failure = TransportFailure::Connection(format!("answer body could not be read: {err}"));
+                return Attempt::Failure(classify::classify_transport(&failure), None);
+            }
+            Err(_) => {
+                let failure = TransportFailure::Timeout("the answer body did not arrive before the deadline".into());
+                return Attempt::Failure(classify::classify_transport(&failure), None);
+            }
+        };
+        if let Some(error) = protocol.failed_answer(&bytes) {
+            return Attempt::Failure(rejected(&parts.headers, &error, upstream), Some(error_answer(&error)));
+        }
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::read(bytes, protocol, name))));
     }
     let wait = idle.min(job.deadline.saturating_duration_since(Instant::now()));
-    match handshake::handshake(incoming, job.protocol, wait).await {
+    match handshake::handshake(incoming, protocol, wait).await {
         Handshake::Open { inner, scanner, ready } => {
-            let mut body = RelayBody::sse(inner, idle, scanner, ready, job.protocol, name);
-            if job.gw.config.models.get_index(job.route).is_some_and(|(_, r)| r.stream_resume) {
+            let mut body = RelayBody::sse(inner, idle, scanner, ready, protocol, name);
+            let route = job.gw.config.models.get_index(job.route).map(|(_, r)| r);
+            if job.resumes > 0 && route.is_some_and(|r| r.stream_resume) {
                 body.enable_resume(Resume {
-                    gw: job.gw.clone(),
-                    route: job.route,
-                    body: job.body.clone(),
-                    headers: job.client_headers.clone(),
+                    reopen: continuation(job.clone()),
                     deadline: job.deadline,
-                    protocol: job.protocol,
-                    tries: MAX_RESUMES,
+                    tries: job.resumes,
                 });
             }
             Attempt::Success(Answer::Stream(parts, Box::new(body)))
         }
         Handshake::Rejected(data) => {
-            let status = StatusCode::from_u16(handshake::frame_status(&data)).unwrap_or(StatusCode::OK);
-            let outcome = classify::classify(status, &parts.headers, &data, rules, now());
-            let mut error = http::Response::new(());
-            *error.status_mut() = if status.is_success() { StatusCode::BAD_GATEWAY } else { status };
-            error.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-            Attempt::Failure(outcome, Some((error.into_parts().0, data)))
+            Attempt::Failure(rejected(&parts.headers, &data, upstream), Some(error_answer(&data)))
         }
         Handshake::Empty => {
             let note = b"empty stream: the upstream ended the stream before any content";
@@ -338,6 +444,56 @@ async fn attempt(job: &Job, upstream: &Upstream, body: Bytes, remaining: Duratio
             Attempt::Failure(classify::classify_transport(&failure), None)
         }
     }
+}
+
+/// A failure carried inside a 2xx answer (an error event, a failed
+/// response object), classified like the status it stands for.
+fn rejected(headers: &HeaderMap, data: &[u8], upstream: &Upstream) -> Outcome {
+    let status = StatusCode::from_u16(protocol::error_status(data)).unwrap_or(StatusCode::OK);
+    classify::classify(status, headers, data, &upstream.config.rules, jiff::Timestamp::now())
+}
+
+/// The answer to return verbatim if a 2xx-carried failure is final: its
+/// error data with the status it stands for (502 when it names none).
+fn error_answer(data: &Bytes) -> (http::response::Parts, Bytes) {
+    let status = StatusCode::from_u16(protocol::error_status(data)).unwrap_or(StatusCode::OK);
+    let mut error = http::Response::new(());
+    *error.status_mut() = if status.is_success() { StatusCode::BAD_GATEWAY } else { status };
+    error.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    (error.into_parts().0, data.clone())
+}
+
+/// The function a broken stream calls to continue: the same request with
+/// the partial answer as the assistant's turn, run through [`relay`] like
+/// any request (target choice, limits, classification, health, journal),
+/// its opening events dropped.
+fn continuation(job: Job) -> resume::Reopen {
+    Box::new(move |partial: &str| {
+        let protocol = job.protocol();
+        let body = protocol.continuation_body(&job.body, partial, &job.head.model)?;
+        let head = protocol::peek(&body).ok()?;
+        let mut next = job.clone();
+        next.body = body;
+        next.head = head;
+        next.resumes = 0;
+        next.progress = Arc::new(Progress::default());
+        let reopening: resume::Reopening = Box::pin(async move {
+            let relayed = relay(next).await;
+            let opened = match relayed.answer {
+                Answer::Stream(_, body) => {
+                    body.into_continuation().ok_or_else(|| "the continuation was not a stream".to_owned())
+                }
+                Answer::Verbatim { parts, body, .. } => Err(format!(
+                    "the continuation was answered {}: {}",
+                    parts.status.as_u16(),
+                    classify::summary::summarize(&body)
+                )),
+                Answer::Gateway(error) => Err(error.to_string()),
+            };
+            (opened, relayed.attempts)
+        });
+        Some(reopening)
+    })
 }
 
 fn is_sse(headers: &HeaderMap) -> bool {

@@ -13,9 +13,9 @@ use tokio::time::Instant;
 use super::Job;
 use crate::classify::Class;
 use crate::config::{ModelRoute, Strategy};
+use crate::gateway::Gateway;
 use crate::health::Availability;
 use crate::protocol;
-use crate::server::Gateway;
 
 /// What was tried on one target, for the final message.
 #[derive(Debug, Clone)]
@@ -144,6 +144,11 @@ impl<'a> Targets<'a> {
         (0..self.route.targets.len()).any(|i| i != current && !self.is_excluded(i))
     }
 
+    /// The upstream index of target `i`.
+    pub fn upstream(&self, i: usize) -> usize {
+        self.route.targets[i].upstream
+    }
+
     /// Leaves a target out for the rest of this request.
     pub fn exclude(&mut self, i: usize) {
         self.excluded |= 1 << i;
@@ -152,7 +157,11 @@ impl<'a> Targets<'a> {
     /// The body for target `i`: the client's bytes with its model (the
     /// same bytes on every attempt; no copy when the name is unchanged).
     pub fn body(&self, i: usize, job: &Job) -> Bytes {
-        protocol::body_for_target(&job.body, &job.head, &self.route.targets[i].model)
+        protocol::body_for_target(
+            &job.body,
+            &job.head,
+            self.route.targets[i].model.as_deref().unwrap_or(&job.head.model),
+        )
     }
 
     /// Marks the first use of a target (the retry budget counts requests).

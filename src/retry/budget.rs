@@ -3,7 +3,8 @@
 //! outage cannot multiply the load on it.
 
 use std::sync::Mutex;
-use std::time::Instant;
+
+use tokio::time::Instant;
 
 const WINDOW_SECS: u64 = 10;
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 pub use budget::RetryBudget;
 
 use crate::classify::{Class, Outcome};
+use crate::record::WaitSource;
 
 /// Request-wide retry settings (`defaults.retry`).
 #[derive(Debug, Clone, PartialEq)]
@@ -25,73 +26,6 @@ pub struct Policy {
 impl Default for Policy {
     fn default() -> Self {
         Self { max_attempts: 6, base_delay: Duration::from_millis(500), max_delay: Duration::from_secs(30) }
-    }
-}
-
-/// An operator rule: vendor knowledge as data.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Rule {
-    /// Statuses it applies to; empty means any.
-    pub on_status: Vec<u16>,
-    /// Body substrings, any of which matches; empty list means any body;
-    /// an empty substring never matches.
-    pub on_body_contains: Vec<String>,
-    /// Wait between attempts (retry rules); `None` uses hints or backoff.
-    pub delay: Option<Duration>,
-    /// Attempts allowed when this rule matches (retry rules); 1 disables it.
-    pub max_attempts: Option<u32>,
-}
-
-impl Rule {
-    /// Status and body both match. Status 200 here is an error that came
-    /// inside a `200` stream without a status of its own (an error frame):
-    /// a rule with body substrings matches it by those alone, so the rule
-    /// written for a vendor's `400 TM.00001041` also catches the same
-    /// refusal sent as `200` + error frame.
-    pub fn matches(&self, status: u16, body: &str) -> bool {
-        let status_ok = self.on_status.is_empty()
-            || self.on_status.contains(&status)
-            || (status == 200 && !self.on_body_contains.is_empty());
-        let body_ok = self.on_body_contains.is_empty()
-            || self.on_body_contains.iter().any(|s| !s.is_empty() && body.contains(s.as_str()));
-        status_ok && body_ok
-    }
-}
-
-/// One upstream's rules.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Rules {
-    /// Answers to retry although the built-in class would not.
-    pub retry: Vec<Rule>,
-    /// Answers never to retry, whatever else they look like.
-    pub fatal: Vec<Rule>,
-}
-
-/// Which rule matched an answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleMatch {
-    /// A `fatal:` rule (else a `retry:` rule).
-    pub fatal: bool,
-    /// Index in its list, for messages.
-    pub index: usize,
-    /// The retry rule's delay.
-    pub delay: Option<Duration>,
-    /// The retry rule's attempt limit.
-    pub max_attempts: Option<u32>,
-}
-
-impl Rules {
-    /// The first matching fatal rule, else the first matching retry rule
-    /// that is not disabled (`max_attempts: 1`).
-    pub fn find(&self, status: u16, body: &str) -> Option<RuleMatch> {
-        if let Some(index) = self.fatal.iter().position(|r| r.matches(status, body)) {
-            return Some(RuleMatch { fatal: true, index, delay: None, max_attempts: None });
-        }
-        self.retry
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.max_attempts != Some(1) && r.max_attempts != Some(0) && r.matches(status, body))
-            .map(|(index, r)| RuleMatch { fatal: false, index, delay: r.delay, max_attempts: r.max_attempts })
     }
 }
 
@@ -128,8 +62,8 @@ pub enum Decision {
     Retry {
         /// The wait.
         wait: Duration,
-        /// Where the wait came from: a header name, `rule` or `backoff`.
-        source: &'static str,
+        /// Who asked for the wait: the provider, a rule, or tidegate's backoff.
+        source: WaitSource,
     },
     /// Try the alias's next target at once, the same bytes but its model.
     NextTarget,
@@ -199,13 +133,13 @@ pub fn decide(s: &Situation<'_>) -> Decision {
         return Decision::Requeue;
     }
     let (wait, source) = match (outcome.hints.retry_after, rule.and_then(|r| r.delay)) {
-        (Some(hint), _) => (hint, outcome.hints.source.unwrap_or("hint")),
-        (None, Some(delay)) => (delay, "rule"),
-        (None, None) => (backoff(s.attempts, s.policy, s.jitter), "backoff"),
+        (Some(hint), _) => (hint, WaitSource::Provider(outcome.hints.source.unwrap_or("retry-after"))),
+        (None, Some(delay)) => (delay, WaitSource::Rule),
+        (None, None) => (backoff(s.attempts, s.policy, s.jitter), WaitSource::Backoff),
     };
     // The budget limits blind retries; a wait the provider or the operator
     // asked for is already paced.
-    if source == "backoff" && !s.budget_ok {
+    if source == WaitSource::Backoff && !s.budget_ok {
         return Decision::GiveUp(GiveUp::BudgetSpent);
     }
     if wait >= s.remaining {

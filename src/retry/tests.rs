@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use super::*;
-use crate::classify::{Hints, Outcome};
+#[allow(unused_imports)]
+use crate::classify::Rule;
+use crate::classify::{Hints, Outcome, RuleMatch, Rules};
+use crate::record::WaitSource;
 
 fn outcome(class: Class) -> Outcome {
     Outcome {
@@ -127,17 +130,23 @@ fn rule_delay_and_attempts_drive_the_decision() {
     let p = Policy::default();
     let mut o = outcome(Class::Capacity);
     o.rule = Some(RuleMatch { fatal: false, index: 0, delay: Some(Duration::from_secs(10)), max_attempts: Some(18) });
-    assert_eq!(decide(&situation(&o, &p, 1)), Decision::Retry { wait: Duration::from_secs(10), source: "rule" });
+    assert_eq!(
+        decide(&situation(&o, &p, 1)),
+        Decision::Retry { wait: Duration::from_secs(10), source: WaitSource::Rule }
+    );
     // The rule's 18 attempts override the policy's 6.
     assert!(matches!(decide(&situation(&o, &p, 7)), Decision::Retry { .. }));
     assert_eq!(decide(&situation(&o, &p, 18)), Decision::GiveUp(GiveUp::Exhausted));
     // No delay in the rule ("invalid delay falls back"): backoff.
     o.rule = Some(RuleMatch { fatal: false, index: 0, delay: None, max_attempts: Some(18) });
-    assert!(matches!(decide(&situation(&o, &p, 1)), Decision::Retry { source: "backoff", .. }));
+    assert!(matches!(decide(&situation(&o, &p, 1)), Decision::Retry { source: WaitSource::Backoff, .. }));
     // A provider hint beats the rule's delay.
     o.hints.retry_after = Some(Duration::from_secs(2));
     o.hints.source = Some("retry-after");
-    assert_eq!(decide(&situation(&o, &p, 1)), Decision::Retry { wait: Duration::from_secs(2), source: "retry-after" });
+    assert_eq!(
+        decide(&situation(&o, &p, 1)),
+        Decision::Retry { wait: Duration::from_secs(2), source: WaitSource::Provider("retry-after") }
+    );
 }
 
 #[test]
@@ -147,7 +156,7 @@ fn decisions_by_class_and_situation() {
         assert_eq!(decide(&situation(&outcome(class), &p, 1)), Decision::GiveUp(GiveUp::NotRetryable));
     }
     let cap = outcome(Class::Capacity);
-    assert!(matches!(decide(&situation(&cap, &p, 1)), Decision::Retry { source: "backoff", .. }));
+    assert!(matches!(decide(&situation(&cap, &p, 1)), Decision::Retry { source: WaitSource::Backoff, .. }));
     assert_eq!(decide(&situation(&cap, &p, 6)), Decision::GiveUp(GiveUp::Exhausted));
     let mut s = situation(&cap, &p, 1);
     s.chained = true;
@@ -193,7 +202,7 @@ fn concurrency_refusals_requeue_only_when_others_hold_slots() {
     o.concurrency = true;
     let mut s = situation(&o, &p, 1);
     // Alone (seed 000: 3009 for a single request): back off, do not hammer.
-    assert!(matches!(decide(&s), Decision::Retry { source: "backoff", .. }));
+    assert!(matches!(decide(&s), Decision::Retry { source: WaitSource::Backoff, .. }));
     s.others_in_flight = true;
     assert_eq!(decide(&s), Decision::Requeue);
     // Attempts still count.

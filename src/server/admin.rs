@@ -34,17 +34,17 @@ pub async fn requests(
     Query(params): Query<HashMap<String, String>>,
 ) -> Response {
     if !authorized(&gw, &headers) {
-        return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
     }
     let Some(journal) = gw.sink.journal.as_ref().map(|j| j.path().to_path_buf()) else {
-        return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAi);
+        return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAiChat);
     };
     let since_ms = match params.get("since").map(|s| parse_since(s)) {
         None => None,
         Some(Some(ms)) => Some(ms),
         Some(None) => {
             return GatewayError::BadRequest("since: not a duration (1h) or an RFC 3339 time".into())
-                .into_response(Protocol::OpenAi);
+                .into_response(Protocol::OpenAiChat);
         }
     };
     let query = journal::Query {
@@ -64,14 +64,16 @@ pub async fn requests(
 /// `GET /admin/requests/{id}`: one request with its attempts and partial text.
 pub async fn request(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     if !authorized(&gw, &headers) {
-        return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
     }
     let Some(journal) = gw.sink.journal.as_ref().map(|j| j.path().to_path_buf()) else {
-        return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAi);
+        return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAiChat);
     };
     match tokio::task::spawn_blocking(move || journal::get(&journal, &id)).await {
         Ok(Ok(Some(row))) => json_response(&json!(row)),
-        Ok(Ok(None)) => GatewayError::NoRoute("no such request in the journal".into()).into_response(Protocol::OpenAi),
+        Ok(Ok(None)) => {
+            GatewayError::NoRoute("no such request in the journal".into()).into_response(Protocol::OpenAiChat)
+        }
         Ok(Err(err)) => journal_error(&err.to_string()),
         Err(err) => journal_error(&err.to_string()),
     }
@@ -81,7 +83,7 @@ pub async fn request(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Path(id
 /// buckets (requests by outcome, failed attempts by class), from memory.
 pub async fn stats(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if !authorized(&gw, &headers) {
-        return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
     }
     json_response(&gw.sink.recent.snapshot())
 }
@@ -99,7 +101,8 @@ fn json_response(v: &serde_json::Value) -> Response {
 }
 
 fn journal_error(detail: &str) -> Response {
-    let mut resp = GatewayError::BadRequest(format!("journal unreadable: {detail}")).into_response(Protocol::OpenAi);
+    let mut resp =
+        GatewayError::BadRequest(format!("journal unreadable: {detail}")).into_response(Protocol::OpenAiChat);
     *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
     resp
 }
@@ -107,7 +110,7 @@ fn journal_error(detail: &str) -> Response {
 /// `GET /metrics`: Prometheus text. Needs `admin_key` when one is set.
 pub async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if gw.config.admin_key.is_some() && !authorized(&gw, &headers) {
-        return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
     }
     for u in &gw.upstreams {
         let snap = u.limiter.snapshot();
@@ -127,7 +130,7 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
 /// `GET /admin/upstreams`: health, in-flight, queue, effective limit.
 pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if !authorized(&gw, &headers) {
-        return GatewayError::Unauthorized.into_response(Protocol::OpenAi);
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
     }
     let now = Instant::now();
     let list: Vec<_> = gw

@@ -12,38 +12,62 @@ use http::{HeaderMap, HeaderValue, header, request::Parts};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::time::Instant;
 
-use super::Gateway;
 use super::auth::authenticate;
 use crate::anomaly::Verdict;
 use crate::error::GatewayError;
-use crate::protocol::{self, Protocol};
+use crate::gateway::Gateway;
+use crate::protocol::{self, Endpoint, Family, Protocol};
+use crate::record::Outcome;
+use crate::relay::waiting::{Progress, RelayFuture, WaitingBody};
 use crate::relay::{self, Answer, Job, Relayed};
-use crate::report::{Outcome, Report};
-use crate::stream::waiting::{Progress, RelayFuture, WaitingBody};
+use crate::report::Report;
 use crate::upstream::HOP_HEADER;
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    proxy(gw, Protocol::OpenAi, req).await
+    proxy(gw, Endpoint::ChatCompletions, req).await
+}
+
+/// `POST /v1/responses` (the OpenAI Responses API; Codex speaks only this).
+pub async fn responses(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    proxy(gw, Endpoint::Responses, req).await
+}
+
+/// `POST /v1/embeddings`.
+pub async fn embeddings(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    proxy(gw, Endpoint::Embeddings, req).await
 }
 
 /// `POST /v1/messages`.
 pub async fn messages(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    proxy(gw, Protocol::Anthropic, req).await
+    proxy(gw, Endpoint::Messages, req).await
 }
 
-/// `GET /v1/models`: the configured aliases. Clients that send
+/// `POST /v1/messages/count_tokens`.
+pub async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    proxy(gw, Endpoint::CountTokens, req).await
+}
+
+/// The protocol a request outside the model endpoints is answered in:
+/// Anthropic's for clients that send `anthropic-version`, else OpenAI's.
+fn protocol_of(headers: &HeaderMap) -> Protocol {
+    if headers.contains_key("anthropic-version") { Protocol::Anthropic } else { Protocol::OpenAiChat }
+}
+
+/// `GET /v1/models`: the configured aliases (patterns are not listed: they
+/// are not names a client can pick). Clients that send
 /// `anthropic-version` (the Anthropic SDK) get Anthropic's list shape and
 /// aliases; everyone else OpenAI's.
 pub async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let protocol = if headers.contains_key("anthropic-version") { Protocol::Anthropic } else { Protocol::OpenAi };
+    let protocol = protocol_of(&headers);
     if authenticate(&gw.config.client_keys, &headers).is_err() {
         return GatewayError::Unauthorized.into_response(protocol);
     }
-    let aliases = gw.config.aliases(protocol);
-    let body = match protocol {
-        Protocol::OpenAi => protocol::openai::models_list(aliases),
-        Protocol::Anthropic => protocol::anthropic::models_list(aliases),
+    let family = protocol.family();
+    let aliases = gw.config.aliases(family);
+    let body = match family {
+        Family::OpenAi => protocol::openai_chat::models_list(aliases),
+        Family::Anthropic => protocol::anthropic::models_list(aliases),
     };
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
@@ -53,18 +77,25 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// `GET /` and `HEAD /`: clients probe their base URL before the first
+/// request (older Claude Code versions send `HEAD /`).
+pub async fn root() -> &'static str {
+    "tidegate\n"
+}
+
 /// Any other path: a protocol-shaped 404 instead of an empty body.
 pub async fn fallback(req: Request) -> Response {
-    let protocol = if req.headers().contains_key("anthropic-version") { Protocol::Anthropic } else { Protocol::OpenAi };
+    let protocol = protocol_of(req.headers());
     GatewayError::NoRoute(format!("{} {}", req.method(), req.uri().path())).into_response(protocol)
 }
 
-async fn proxy(gw: Arc<Gateway>, protocol: Protocol, req: Request) -> Response {
+async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
+    let protocol = endpoint.protocol();
     let id = crate::request_id::next();
     let mut report = Report::new(id, Instant::now());
     report.sink = Some(gw.sink.clone());
     let (parts, body) = req.into_parts();
-    let job = match prepare(&gw, protocol, parts, body, &mut report).await {
+    let job = match prepare(&gw, endpoint, parts, body, &mut report).await {
         Ok(job) => job,
         Err(error) => {
             report.status = error.status().as_u16();
@@ -173,7 +204,7 @@ fn label(mut response: Response, id: uuid::Uuid, upstream: Option<&str>, attempt
 /// deadline. Errors here are tidegate's own answers.
 async fn prepare(
     gw: &Arc<Gateway>,
-    protocol: Protocol,
+    endpoint: Endpoint,
     parts: Parts,
     body: Body,
     report: &mut Report,
@@ -184,24 +215,28 @@ async fn prepare(
     let body = read_body(body, &parts.headers, gw.config.max_body).await?;
     let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
     report.stream = head.stream;
-    let found = gw.config.models.get_full(&head.model);
-    report.model = Some(match found.and_then(|(i, _, _)| gw.aliases.get(i)) {
-        Some(alias) => alias.clone(),
-        None => Arc::from(head.model.as_str()),
-    });
-    let (route, (_, model)) = match found {
-        Some((index, _, model)) if model.protocol == protocol => (index, (index, model)),
-        Some((_, _, model)) => {
+    let found = gw.config.find_route(&head.model);
+    // A configured alias is recorded as the config's shared string; a name
+    // a pattern matched, as asked.
+    report.model =
+        Some(match found.and_then(|(i, _)| gw.aliases.get(i)).filter(|a| a.as_ref() == head.model.as_str()) {
+            Some(alias) => alias.clone(),
+            None => Arc::from(head.model.as_str()),
+        });
+    let family = endpoint.protocol().family();
+    let (route, model) = match found {
+        Some((index, model)) if model.protocol == family => (index, model),
+        Some((_, model)) => {
             return Err(GatewayError::UnknownModel(format!(
-                "model {:?} is served on {} ({} protocol), not on {}",
+                "model {:?} is served by {} upstreams, not on {endpoint} ({}: {})",
                 head.model,
-                model.protocol.endpoint(),
                 model.protocol,
-                protocol.endpoint()
+                model.protocol,
+                endpoints_of(model.protocol)
             )));
         }
         None => {
-            let known: Vec<&str> = gw.config.aliases(protocol).collect();
+            let known: Vec<&str> = gw.config.aliases(family).collect();
             return Err(GatewayError::UnknownModel(format!(
                 "model {:?} is not configured on this gateway; available: {}",
                 head.model,
@@ -212,7 +247,7 @@ async fn prepare(
     let deadline = deadline(model.deadline, &parts.headers)?;
     Ok(Job {
         gw: gw.clone(),
-        protocol,
+        endpoint,
         route,
         chained: parts.headers.contains_key(HOP_HEADER),
         head,
@@ -221,7 +256,14 @@ async fn prepare(
         deadline,
         progress: Arc::new(Progress::default()),
         client: report.client.clone().unwrap_or_else(|| "-".into()),
+        resumes: relay::MAX_RESUMES,
     })
+}
+
+/// The endpoints an upstream family serves, for messages.
+fn endpoints_of(family: Family) -> String {
+    let paths: Vec<&str> = Endpoint::ALL.iter().filter(|e| e.protocol().family() == family).map(|e| e.path()).collect();
+    paths.join(", ")
 }
 
 /// The request's deadline: the alias's, shortened (never lengthened) by a

@@ -1,4 +1,6 @@
-//! A fake upstream provider speaking both protocols, JSON and SSE.
+//! A fake upstream provider speaking every protocol tidegate serves —
+//! chat completions, the Responses API, embeddings, Anthropic messages and
+//! count_tokens — JSON and SSE.
 //!
 //! One copy serves the test suite, `tidegate simulate` and the benchmark:
 //! tests check what tidegate sent (`received`) and what the upstream saw of
@@ -28,7 +30,7 @@ use serde::Deserialize;
 use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 
-use crate::protocol::{self, Protocol};
+use crate::protocol::{self, Endpoint, Protocol};
 use crate::server::listen;
 
 /// How the simulator answers one model.
@@ -239,7 +241,7 @@ pub struct Received {
     /// Exact body bytes.
     pub body: Bytes,
     /// When it arrived.
-    pub at: std::time::Instant,
+    pub at: tokio::time::Instant,
 }
 
 /// Counters and recordings, readable while the simulator runs.
@@ -261,6 +263,11 @@ pub struct SimState {
     pub cancelled: AtomicUsize,
     /// Requests refused by `reject_over`.
     pub rejected: AtomicUsize,
+    /// Responses API ids this simulator answered with (its stored state):
+    /// a `previous_response_id` it does not hold is refused, as a provider
+    /// refuses another account's id.
+    stored: Mutex<std::collections::HashSet<String>>,
+    next_response: AtomicUsize,
 }
 
 impl SimState {
@@ -302,8 +309,11 @@ impl Simulator {
         let addr = listener.local_addr()?;
         let state = Arc::new(SimState { config, ..Default::default() });
         let app = Router::new()
-            .route("/v1/chat/completions", post(openai))
-            .route("/v1/messages", post(anthropic))
+            .route("/v1/chat/completions", post(chat))
+            .route("/v1/responses", post(responses))
+            .route("/v1/embeddings", post(embeddings))
+            .route("/v1/messages", post(messages))
+            .route("/v1/messages/count_tokens", post(count_tokens))
             .with_state(state.clone());
         let task = tokio::spawn(listen::serve(listener, app));
         Ok(Simulator { addr, state, task })
@@ -325,12 +335,24 @@ impl Simulator {
     }
 }
 
-async fn openai(State(state): State<Arc<SimState>>, req: Request) -> Response {
-    answer(state, Protocol::OpenAi, req).await
+async fn chat(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    answer(state, Endpoint::ChatCompletions, req).await
 }
 
-async fn anthropic(State(state): State<Arc<SimState>>, req: Request) -> Response {
-    answer(state, Protocol::Anthropic, req).await
+async fn responses(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    answer(state, Endpoint::Responses, req).await
+}
+
+async fn embeddings(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    answer(state, Endpoint::Embeddings, req).await
+}
+
+async fn messages(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    answer(state, Endpoint::Messages, req).await
+}
+
+async fn count_tokens(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    answer(state, Endpoint::CountTokens, req).await
 }
 
 /// Counts a request in flight; if dropped before `finish`, the client
@@ -377,7 +399,8 @@ impl Drop for Flight {
     }
 }
 
-async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Response {
+async fn answer(state: Arc<SimState>, endpoint: Endpoint, req: Request) -> Response {
+    let protocol = endpoint.protocol();
     let mut flight = Flight::new(state.clone());
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
@@ -387,7 +410,7 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
                 path: parts.uri.path().to_owned(),
                 headers: parts.headers,
                 body: body.clone(),
-                at: std::time::Instant::now(),
+                at: tokio::time::Instant::now(),
             });
         }
     }
@@ -395,6 +418,16 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
         flight.finish();
         return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(r#"{"error":{"message":"bad json"}}"#));
     };
+    if let Some(previous) = &head.previous_response_id {
+        let known = state.stored.lock().is_ok_and(|s| s.contains(previous));
+        if !known {
+            flight.finish();
+            let error = format!(
+                r#"{{"error":{{"message":"Previous response with id '{previous}' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}}}"#
+            );
+            return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(error));
+        }
+    }
     let behavior = state.config.models.get(&head.model).unwrap_or(&state.config.default);
     if behavior.fail_rate > 0.0 {
         let roll = state
@@ -403,7 +436,7 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
             .map_or(1.0, |mut r| r.get_or_insert_with(|| fastrand::Rng::with_seed(state.config.seed)).f64());
         if roll < behavior.fail_rate {
             flight.finish();
-            return deliver(protocol, behavior.fail_with.as_ref().unwrap_or(&OVERLOADED));
+            return deliver(protocol, head.stream, behavior.fail_with.as_ref().unwrap_or(&OVERLOADED));
         }
     }
     let of_model = flight.of_model(&head.model);
@@ -414,7 +447,7 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
             (true, Some(f), _) | (_, _, Some(f)) => f,
             _ => &CONCURRENCY_3009,
         };
-        return deliver(protocol, fault);
+        return deliver(protocol, head.stream, fault);
     }
     let nth = match state.served.lock() {
         Ok(mut served) => {
@@ -435,7 +468,7 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
             FaultMode::DropAfter => drop_after = Some(usize::from(fault.status)),
             FaultMode::Http | FaultMode::ErrorFrame | FaultMode::EmptyStream => {
                 flight.finish();
-                return deliver(protocol, fault);
+                return deliver(protocol, head.stream, fault);
             }
         }
     }
@@ -444,14 +477,19 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return respond(status, &behavior.error_content_type, Body::from(behavior.error_body.clone()));
     }
-    if head.stream {
-        let mut frames = sse_frames_from(protocol, &head.model, already_answered(&body), behavior.chunks);
+    let response_id = (endpoint == Endpoint::Responses).then(|| {
+        let id = format!("resp_sim_{}", state.next_response.fetch_add(1, Ordering::SeqCst));
+        if let Ok(mut stored) = state.stored.lock() {
+            stored.insert(id.clone());
+        }
+        id
+    });
+    let id = response_id.as_deref().unwrap_or("resp_sim");
+    if head.stream && matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages) {
+        let mut frames = stream_frames(protocol, id, &head.model, already_answered(&body), behavior.chunks);
         if let Some((n, error)) = error_after {
             frames.truncate(n);
-            frames.push(Bytes::from(match protocol {
-                Protocol::OpenAi => format!("data: {error}\n\ndata: [DONE]\n\n"),
-                Protocol::Anthropic => format!("event: error\ndata: {error}\n\n"),
-            }));
+            frames.push(Bytes::from(error_frame(protocol, error)));
         }
         let first = Duration::from_millis(behavior.first_chunk_delay_ms);
         let body = SseBody {
@@ -466,7 +504,24 @@ async fn answer(state: Arc<SimState>, protocol: Protocol, req: Request) -> Respo
         return respond(StatusCode::OK, "text/event-stream", Body::new(body));
     }
     flight.finish();
-    respond(StatusCode::OK, "application/json", Body::from(json_answer(protocol, &head.model, behavior.chunks)))
+    respond(StatusCode::OK, "application/json", Body::from(json_answer(endpoint, id, &head.model, behavior.chunks)))
+}
+
+/// An error as a stream's event(s), in each protocol's way: OpenAI chat a
+/// `data:` object then `[DONE]`, Anthropic `event: error`, Responses
+/// `response.failed` whose `response.error` is the body's error object.
+fn error_frame(protocol: Protocol, body: &str) -> String {
+    match protocol {
+        Protocol::OpenAiChat => format!("data: {body}\n\ndata: [DONE]\n\n"),
+        Protocol::Anthropic => format!("event: error\ndata: {body}\n\n"),
+        Protocol::OpenAiResponses => {
+            let parsed: serde_json::Value = serde_json::from_str(body).unwrap_or(serde_json::Value::Null);
+            let error = parsed.get("error").cloned().unwrap_or(parsed);
+            let failed = serde_json::json!({"type": "response.failed", "response": {
+                "id": "resp_sim", "object": "response", "status": "failed", "output": [], "error": error}});
+            format!("event: response.failed\ndata: {failed}\n\n")
+        }
+    }
 }
 
 /// The simulator's default answer to a request over `reject_over`: the
@@ -482,14 +537,23 @@ static OVERLOADED: std::sync::LazyLock<Fault> = std::sync::LazyLock::new(|| {
 
 /// Delivers a fault that is a whole answer (`http`, `error_frame`,
 /// `empty_stream`); the stream-cutting modes need a stream and are sent as
-/// their plain HTTP answer here.
-fn deliver(protocol: Protocol, fault: &Fault) -> Response {
+/// their plain HTTP answer here. A Responses `error_frame` to a non-stream
+/// request is a `200` response object with `status: failed`.
+fn deliver(protocol: Protocol, stream: bool, fault: &Fault) -> Response {
     let mut resp = match fault.mode {
+        FaultMode::ErrorFrame if protocol == Protocol::OpenAiResponses && !stream => {
+            let parsed: serde_json::Value = serde_json::from_str(&fault.body).unwrap_or(serde_json::Value::Null);
+            let error = parsed.get("error").cloned().unwrap_or(parsed);
+            let answer = serde_json::json!({"id": "resp_sim_failed", "object": "response", "status": "failed",
+                "output": [], "error": error, "usage": null});
+            respond(StatusCode::OK, "application/json", Body::from(answer.to_string()))
+        }
         FaultMode::ErrorFrame => {
-            let frame = match protocol {
-                Protocol::OpenAi => format!("data: {}\n\ndata: [DONE]\n\n", fault.body),
-                Protocol::Anthropic => format!("event: error\ndata: {}\n\n", fault.body),
-            };
+            let mut frame = String::new();
+            if protocol == Protocol::OpenAiResponses {
+                frame.push_str("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_sim\",\"status\":\"in_progress\"}}\n\n");
+            }
+            frame.push_str(&error_frame(protocol, &fault.body));
             respond(StatusCode::OK, "text/event-stream", Body::from(frame))
         }
         FaultMode::EmptyStream => respond(StatusCode::OK, "text/event-stream", Body::empty()),
@@ -535,36 +599,119 @@ fn words(n: usize) -> String {
     (0..n).map(|i| format!("tok{i} ")).collect()
 }
 
-fn json_answer(protocol: Protocol, model: &str, chunks: usize) -> String {
+fn json_answer(endpoint: Endpoint, id: &str, model: &str, chunks: usize) -> String {
     let text = words(chunks);
-    let v = match protocol {
-        Protocol::OpenAi => serde_json::json!({
+    let v = match endpoint {
+        Endpoint::ChatCompletions => serde_json::json!({
             "id": "chatcmpl-sim", "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 10, "completion_tokens": chunks, "total_tokens": 10 + chunks}
         }),
-        Protocol::Anthropic => serde_json::json!({
+        Endpoint::Responses => serde_json::json!({
+            "id": id, "object": "response", "created_at": 0, "status": "completed", "model": model,
+            "output": [message_item(&text, "completed")],
+            "usage": {"input_tokens": 10, "output_tokens": chunks, "total_tokens": 10 + chunks}
+        }),
+        Endpoint::Embeddings => serde_json::json!({
+            "object": "list", "model": model,
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5, 0.125]}],
+            "usage": {"prompt_tokens": 3, "total_tokens": 3}
+        }),
+        Endpoint::Messages => serde_json::json!({
             "id": "msg_sim", "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}],
             "stop_reason": "end_turn", "stop_sequence": null,
             "usage": {"input_tokens": 10, "output_tokens": chunks}
         }),
+        Endpoint::CountTokens => serde_json::json!({"input_tokens": 10}),
     };
     v.to_string()
 }
 
+fn message_item(text: &str, status: &str) -> serde_json::Value {
+    let content: Vec<serde_json::Value> = if status == "completed" {
+        vec![serde_json::json!({"type": "output_text", "text": text, "annotations": []})]
+    } else {
+        Vec::new()
+    };
+    serde_json::json!({"id": "msg_sim", "type": "message", "status": status, "role": "assistant", "content": content})
+}
+
 /// The SSE events of a complete answer, one `Bytes` per event.
 pub fn sse_frames(protocol: Protocol, model: &str, chunks: usize) -> Vec<Bytes> {
-    sse_frames_from(protocol, model, 0, chunks)
+    stream_frames(protocol, "resp_sim", model, 0, chunks)
 }
 
 /// Like [`sse_frames`], with content words `tok{start}`..`tok{chunks-1}`:
 /// the continuation of an answer whose first `start` words were already
 /// given (a resumed stream).
 pub fn sse_frames_from(protocol: Protocol, model: &str, start: usize, chunks: usize) -> Vec<Bytes> {
-    let mut out = Vec::with_capacity(chunks + 6);
+    stream_frames(protocol, "resp_sim", model, start, chunks)
+}
+
+/// The events of an answer whose Responses id is `id`.
+fn stream_frames(protocol: Protocol, id: &str, model: &str, start: usize, chunks: usize) -> Vec<Bytes> {
+    let mut out = Vec::with_capacity(chunks + 10);
     match protocol {
-        Protocol::OpenAi => {
+        Protocol::OpenAiResponses => {
+            let mut seq = 0u64;
+            let mut event = |name: &str, mut v: serde_json::Value| {
+                v["type"] = serde_json::Value::from(name);
+                v["sequence_number"] = serde_json::Value::from(seq);
+                seq += 1;
+                Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
+            };
+            let text: String = (start..chunks).map(|i| format!("tok{i} ")).collect();
+            let response = |status: &str, output: Vec<serde_json::Value>, usage: serde_json::Value| {
+                serde_json::json!({"id": id, "object": "response", "created_at": 0, "status": status,
+                    "model": model, "output": output, "usage": usage})
+            };
+            out.push(event(
+                "response.created",
+                serde_json::json!({"response": response("in_progress", vec![], serde_json::Value::Null)}),
+            ));
+            out.push(event(
+                "response.in_progress",
+                serde_json::json!({"response": response("in_progress", vec![], serde_json::Value::Null)}),
+            ));
+            out.push(event(
+                "response.output_item.added",
+                serde_json::json!({"output_index": 0, "item": message_item("", "in_progress")}),
+            ));
+            out.push(event(
+                "response.content_part.added",
+                serde_json::json!({"item_id": "msg_sim", "output_index": 0,
+                "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+            ));
+            for i in start..chunks {
+                out.push(event(
+                    "response.output_text.delta",
+                    serde_json::json!({"item_id": "msg_sim", "output_index": 0,
+                    "content_index": 0, "delta": format!("tok{i} ")}),
+                ));
+            }
+            out.push(event(
+                "response.output_text.done",
+                serde_json::json!({"item_id": "msg_sim", "output_index": 0,
+                "content_index": 0, "text": text}),
+            ));
+            out.push(event(
+                "response.content_part.done",
+                serde_json::json!({"item_id": "msg_sim", "output_index": 0,
+                "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}),
+            ));
+            out.push(event(
+                "response.output_item.done",
+                serde_json::json!({"output_index": 0, "item": message_item(&text, "completed")}),
+            ));
+            let usage = serde_json::json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": chunks, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 10 + chunks});
+            out.push(event(
+                "response.completed",
+                serde_json::json!({"response": response("completed", vec![message_item(&text, "completed")], usage)}),
+            ));
+        }
+        Protocol::OpenAiChat => {
             let chunk = |delta: serde_json::Value, finish: Option<&str>| {
                 let v = serde_json::json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": 0,
                     "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});

@@ -13,8 +13,9 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::PARTIAL_CAP;
-use super::sse::{Kind, Scanner};
+use super::sse::Scanner;
 use crate::protocol::Protocol;
+use crate::protocol::events::Kind;
 
 /// How a stream's opening went.
 pub enum Handshake {
@@ -56,48 +57,5 @@ pub async fn handshake(mut inner: Incoming, protocol: Protocol, wait: Duration) 
                 Kind::Done => return Handshake::Empty,
             }
         }
-    }
-}
-
-/// The HTTP status an error event stands for, so it is classified like the
-/// non-200 answer it replaces: a numeric `status`/`code` in the error
-/// object, else the protocol error type, else 200 (judged by its words).
-pub fn frame_status(data: &[u8]) -> u16 {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { return 200 };
-    let err = v.get("error").unwrap_or(&v);
-    for key in ["status", "code", "status_code"] {
-        let n = match err.get(key).or_else(|| v.get(key)) {
-            Some(serde_json::Value::Number(n)) => n.as_u64(),
-            Some(serde_json::Value::String(s)) => s.parse().ok(),
-            _ => None,
-        };
-        if let Some(n) = n.filter(|n| (400..=599).contains(n)) {
-            return n as u16;
-        }
-    }
-    match err.get("type").and_then(|t| t.as_str()) {
-        Some("overloaded_error") => 529,
-        Some("rate_limit_error") => 429,
-        Some("api_error") => 500,
-        Some("invalid_request_error") => 400,
-        Some("authentication_error") => 401,
-        Some("permission_error") => 403,
-        Some("not_found_error") => 404,
-        Some("request_too_large") => 413,
-        _ => 200,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::frame_status;
-
-    #[test]
-    fn error_frames_map_to_statuses() {
-        assert_eq!(frame_status(br#"{"type":"error","error":{"type":"overloaded_error","message":"x"}}"#), 529);
-        assert_eq!(frame_status(br#"{"error":{"code":429,"message":"busy"}}"#), 429);
-        assert_eq!(frame_status(br#"{"error":{"code":"TM.00001041","message":"3 sessions"}}"#), 200);
-        assert_eq!(frame_status(br#"{"error":{"status":"503"}}"#), 503);
-        assert_eq!(frame_status(b"not json"), 200);
     }
 }

@@ -6,13 +6,14 @@
 //! broken stream look finished: a dropped connection, an idle gap above
 //! `stream_idle_timeout` or an end without the protocol's end marker becomes
 //! a protocol-shaped error event, and the request is reported `incomplete`
-//! with the text already delivered. Dropping the body (client gone) drops
-//! the upstream connection at once.
+//! with the text already delivered. After the protocol's terminal event
+//! the stream is complete, whatever the connection does next: nothing
+//! more is read from it. Dropping the body (client gone) drops the
+//! upstream connection at once.
 
 pub mod handshake;
 pub mod resume;
 pub mod sse;
-pub mod waiting;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,9 +27,11 @@ use tokio::time::{Instant, Sleep};
 
 use crate::classify::Class;
 use crate::limits::Permit;
-use crate::protocol::{self, ErrorKind, Protocol};
-use crate::report::{Outcome, Report};
-use sse::{Kind, Scanner};
+use crate::protocol::events::Kind;
+use crate::protocol::{ErrorKind, Protocol};
+use crate::record::{AttemptLog, Outcome, Verdict};
+use crate::report::Report;
+use sse::Scanner;
 
 /// Most text kept for a report of a broken stream.
 pub const PARTIAL_CAP: usize = 64 * 1024;
@@ -56,14 +59,20 @@ pub struct RelayBody {
     /// Bytes of `sse` already scanned and ready to forward.
     ready: usize,
     protocol: Protocol,
-    upstream: String,
+    /// The upstream answering (index, name).
+    upstream: (usize, String),
     /// A last frame to send (a synthesised error event), then the end.
     last: Option<Bytes>,
     report: Option<Report>,
     outcome: Option<(Outcome, Option<String>)>,
     resume: Option<Box<resume::Resume>>,
-    /// A continuation being opened, and why the stream broke.
+    /// A continuation being opened (an attempt through the relay), and
+    /// why the stream broke.
     reopening: Option<(resume::Reopening, String)>,
+    /// A continuation started and has sent no content yet: its opening
+    /// events are dropped (the client has the answer's opening), and the
+    /// original break's reason is kept for the message if it breaks too.
+    continuing: Option<String>,
     /// The upstream slot, given back when the body ends or is dropped.
     permit: Option<Permit>,
     /// Last bytes of a raw (JSON) body, where `usage` usually sits.
@@ -72,8 +81,16 @@ pub struct RelayBody {
 
 impl RelayBody {
     /// A body passed through as is (JSON answers).
-    pub fn raw(inner: Incoming, idle: Duration, protocol: Protocol, upstream: &str) -> Self {
+    pub fn raw(inner: Incoming, idle: Duration, protocol: Protocol, upstream: (usize, &str)) -> Self {
         Self::new(inner, idle, None, 0, protocol, upstream)
+    }
+
+    /// A JSON answer already read whole (to check it): sent as one frame.
+    pub fn read(bytes: Bytes, protocol: Protocol, upstream: (usize, &str)) -> Self {
+        let mut body = Self::new_detached(protocol, upstream);
+        body.keep_tail(&bytes);
+        body.last = Some(bytes);
+        body
     }
 
     /// An SSE body continuing from a handshake: `scanner` holds what was
@@ -84,9 +101,30 @@ impl RelayBody {
         scanner: Scanner,
         ready: usize,
         protocol: Protocol,
-        upstream: &str,
+        upstream: (usize, &str),
     ) -> Self {
         Self::new(inner, idle, Some(scanner), ready, protocol, upstream)
+    }
+
+    fn new_detached(protocol: Protocol, upstream: (usize, &str)) -> Self {
+        Self {
+            inner: None,
+            idle: Duration::ZERO,
+            last_frame: Instant::now(),
+            timer: None,
+            sse: None,
+            ready: 0,
+            protocol,
+            upstream: (upstream.0, upstream.1.to_owned()),
+            last: None,
+            report: None,
+            outcome: None,
+            resume: None,
+            reopening: None,
+            continuing: None,
+            permit: None,
+            tail: Vec::new(),
+        }
     }
 
     fn new(
@@ -95,25 +133,14 @@ impl RelayBody {
         sse: Option<Scanner>,
         ready: usize,
         protocol: Protocol,
-        upstream: &str,
+        upstream: (usize, &str),
     ) -> Self {
-        Self {
-            inner: Some(inner),
-            idle,
-            last_frame: Instant::now(),
-            timer: None,
-            sse,
-            ready,
-            protocol,
-            upstream: upstream.to_owned(),
-            last: None,
-            report: None,
-            outcome: None,
-            resume: None,
-            reopening: None,
-            permit: None,
-            tail: Vec::new(),
-        }
+        let mut body = Self::new_detached(protocol, upstream);
+        body.inner = Some(inner);
+        body.idle = idle;
+        body.sse = sse;
+        body.ready = ready;
+        body
     }
 
     /// Holds the upstream slot until the last byte (the usage then settles
@@ -152,17 +179,11 @@ impl RelayBody {
         if !resumable {
             return false;
         }
+        let Some(reopening) = (resume.reopen)(&seen.text) else { return false };
         resume.tries -= 1;
-        let upstream = resume
-            .gw
-            .config
-            .models
-            .get_index(resume.route)
-            .and_then(|(_, r)| r.targets.first())
-            .map_or(0, |t| t.upstream);
         if let Some(report) = &mut self.report {
-            report.attempts.push(crate::relay::AttemptLog {
-                upstream,
+            report.attempts.push(AttemptLog {
+                upstream: self.upstream.0,
                 status: None,
                 class: Some(Class::Transient),
                 summary: format!(
@@ -170,12 +191,45 @@ impl RelayBody {
                     seen.events,
                     seen.text.len()
                 ),
-                verdict: "resume",
+                verdict: Verdict::Resume,
                 wait: None,
             });
         }
-        self.reopening = Some((resume.reopen(seen.text.clone()), why.to_owned()));
+        self.reopening = Some((reopening, why.to_owned()));
         true
+    }
+
+    /// A continuation started: its events follow the delivered ones in the
+    /// same client stream, and its slot replaces the broken stream's.
+    fn continue_with(&mut self, reopened: resume::Reopened, why: String) {
+        self.continuing = Some(why);
+        if let Some(sse) = self.sse.as_mut() {
+            // Drop the dead stream's unfinished event; go on with the
+            // continuation's.
+            sse.discard();
+            sse.feed(&reopened.first);
+        }
+        self.ready = 0;
+        self.inner = Some(reopened.inner);
+        self.last_frame = Instant::now();
+        self.permit = reopened.permit;
+        self.upstream = reopened.upstream;
+        if let Some(report) = &mut self.report {
+            report.upstream = Some(self.upstream.1.clone());
+        }
+    }
+
+    /// Takes what a continuation needs from a stream the relay just opened:
+    /// the rest of its body, the bytes read so far, its slot.
+    pub fn into_continuation(mut self) -> Option<resume::Reopened> {
+        let inner = self.inner.take()?;
+        let first = self.sse.as_mut().map(|s| s.take(s.held())).unwrap_or_default();
+        Some(resume::Reopened {
+            inner,
+            first,
+            permit: self.permit.take(),
+            upstream: std::mem::take(&mut self.upstream),
+        })
     }
 
     /// Hands the request's report to the body, which finishes it at the end.
@@ -187,6 +241,17 @@ impl RelayBody {
     /// protocol-shaped error event.
     fn break_stream(&mut self, why: String) -> Option<Bytes> {
         self.inner = None;
+        let why = match self.continuing.take() {
+            // The continuation broke before its first content: that is the
+            // continuation failing, not a new break to resume from.
+            Some(first) => {
+                if let Some(resume) = self.resume.as_mut() {
+                    resume.tries = 0;
+                }
+                format!("{first}; resuming failed: the continuation broke before any content ({why})")
+            }
+            None => why,
+        };
         if self.try_resume(&why) {
             return None;
         }
@@ -194,10 +259,10 @@ impl RelayBody {
         let chunks = seen.map_or(0, |s| s.events);
         let message = format!(
             "tidegate: the stream from upstream {} broke after {chunks} events: {why}; the answer is incomplete",
-            self.upstream
+            self.upstream.1
         );
         self.outcome = Some((Outcome::Incomplete, Some(message.clone())));
-        Some(error_event(self.protocol, ErrorKind::Api, &message))
+        Some(self.protocol.error_event(ErrorKind::Api, &message))
     }
 
     fn end(&mut self) {
@@ -238,9 +303,25 @@ impl RelayBody {
         let mut error = false;
         while let Some((kind, end)) = sse.next_event() {
             self.ready = end;
-            if kind == Kind::Error {
-                error = true;
-                break;
+            match kind {
+                Kind::Error => {
+                    error = true;
+                    break;
+                }
+                // The terminal event: the answer is complete. Nothing
+                // after it is read, so a reset or an idle connection
+                // afterwards cannot make it look broken.
+                Kind::Done => {
+                    self.inner = None;
+                    break;
+                }
+                // A continuation's opening: the client already has it.
+                Kind::KeepAlive | Kind::Start | Kind::BlockStart if self.continuing.is_some() => {
+                    sse.take(end);
+                    self.ready = 0;
+                }
+                Kind::Content => self.continuing = None,
+                Kind::KeepAlive | Kind::Start | Kind::BlockStart => {}
             }
         }
         if error {
@@ -262,17 +343,6 @@ impl RelayBody {
     }
 }
 
-/// An error event in `protocol`'s streaming shape: Anthropic
-/// `event: error`, OpenAI a final `data: {"error":...}`.
-pub fn error_event(protocol: Protocol, kind: ErrorKind, message: &str) -> Bytes {
-    let body = protocol::error_body(protocol, kind, message, None);
-    let text = String::from_utf8_lossy(&body);
-    Bytes::from(match protocol {
-        Protocol::Anthropic => format!("event: error\ndata: {text}\n\n"),
-        Protocol::OpenAi => format!("data: {text}\n\n"),
-    })
-}
-
 impl Body for RelayBody {
     type Data = Bytes;
     type Error = BodyError;
@@ -287,22 +357,12 @@ impl Body for RelayBody {
                 };
                 let why = std::mem::take(why);
                 this.reopening = None;
+                let (result, attempts) = result;
+                if let Some(report) = &mut this.report {
+                    report.attempts.extend(attempts);
+                }
                 match result {
-                    Ok(reopened) => {
-                        if let Some(sse) = this.sse.as_mut() {
-                            // Drop the dead stream's unfinished event; go on
-                            // with the continuation's.
-                            sse.discard();
-                            sse.feed(&reopened.first);
-                        }
-                        this.ready = 0;
-                        this.inner = Some(reopened.inner);
-                        this.last_frame = Instant::now();
-                        if let Some(report) = &mut this.report {
-                            let name = this.resume.as_ref().and_then(|r| r.gw.upstreams.get(reopened.upstream));
-                            report.upstream = name.map(|u| u.config.name.clone()).or(report.upstream.take());
-                        }
-                    }
+                    Ok(reopened) => this.continue_with(reopened, why),
                     Err(err) => {
                         // A continuation that failed is not chained with another.
                         if let Some(resume) = this.resume.as_mut() {
@@ -318,6 +378,7 @@ impl Body for RelayBody {
                 return Poll::Ready(Some(Ok(Frame::data(frame))));
             }
             if let Some(last) = this.last.take() {
+                this.first_byte();
                 return Poll::Ready(Some(Ok(Frame::data(last))));
             }
             let Some(inner) = this.inner.as_mut() else {
@@ -343,6 +404,9 @@ impl Body for RelayBody {
                         }
                     }
                 }
+                Poll::Ready(Some(Err(_))) if this.sse.as_ref().is_some_and(|s| s.seen.complete) => {
+                    this.inner = None;
+                }
                 Poll::Ready(Some(Err(err))) => {
                     if this.sse.is_none() {
                         this.inner = None;
@@ -367,6 +431,10 @@ impl Body for RelayBody {
                     }
                     if timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
+                    }
+                    if this.sse.as_ref().is_some_and(|s| s.seen.complete) {
+                        this.inner = None;
+                        continue;
                     }
                     if this.sse.is_none() {
                         this.inner = None;

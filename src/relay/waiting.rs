@@ -19,9 +19,10 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use tokio::time::Sleep;
 
+use super::{Answer, Relayed};
 use crate::protocol::Protocol;
-use crate::relay::{Answer, Relayed};
-use crate::report::{Outcome, Report};
+use crate::record::Outcome;
+use crate::report::Report;
 
 /// Where the attempt loop stands, readable while it runs.
 #[derive(Debug, Default)]

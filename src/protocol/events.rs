@@ -1,0 +1,77 @@
+//! The vocabulary every protocol's stream grammar answers in.
+//!
+//! The stream body and the handshake never look at event names or JSON
+//! fields: they hand each complete SSE event (its `event:` name and joined
+//! `data:`) to the protocol, which says what it is ([`Kind`]) and notes
+//! what it carried ([`Seen`]: text, usage, tool calls, the end).
+
+use bytes::Bytes;
+
+use crate::record::Usage;
+
+/// What one event is, as far as relaying is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `: comment` lines only, or a protocol ping: keep-alive.
+    KeepAlive,
+    /// Opens the answer but carries nothing of it (Anthropic
+    /// `message_start`, Responses `response.created`): held back by the
+    /// handshake, dropped from a continuation.
+    Start,
+    /// Opens a block of the answer (Anthropic `content_block_start`): the
+    /// answer has begun, but a continuation does not repeat it.
+    BlockStart,
+    /// Anything that carries or continues the answer.
+    Content,
+    /// An error (OpenAI `{"error":...}`, Anthropic `event: error`,
+    /// Responses `response.failed` / `error`).
+    Error,
+    /// The protocol's terminal event (`[DONE]`, `message_stop`,
+    /// `response.completed`): after it the stream is complete.
+    Done,
+}
+
+/// What the stream has said so far.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// Text streamed so far (capped).
+    pub text: String,
+    /// Token usage seen so far.
+    pub usage: Usage,
+    /// A content event has been seen.
+    pub content: bool,
+    /// A tool call is being streamed (no resume possible).
+    pub tool_call: bool,
+    /// The answer finished properly (terminal event or finish reason).
+    pub complete: bool,
+    /// Data of the first error event, if any.
+    pub error: Option<Bytes>,
+    /// Content events seen.
+    pub events: u64,
+    /// The id the upstream gave the answer (Responses: for state pinning).
+    pub response_id: Option<String>,
+}
+
+/// Appends streamed text up to a cap (the journal keeps partial answers,
+/// not whole books).
+pub struct TextSink<'a> {
+    /// Where the text goes.
+    pub text: &'a mut String,
+    /// Most bytes kept.
+    pub cap: usize,
+}
+
+impl TextSink<'_> {
+    /// Appends as much of `s` as fits, cut at a character boundary.
+    pub fn push(&mut self, s: &str) {
+        let room = self.cap.saturating_sub(self.text.len());
+        if room == 0 {
+            return;
+        }
+        let mut cut = s.len().min(room);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.text.push_str(&s[..cut]);
+    }
+}

@@ -1,0 +1,138 @@
+//! OpenAI chat completions (`POST /v1/chat/completions`): error shape,
+//! model list, and the stream's grammar — `data: {chunk}` events, a chunk
+//! with `finish_reason` ends the answer, `data: [DONE]` ends the stream.
+//! Also the error shape of every OpenAI-family endpoint (embeddings, the
+//! Responses API's HTTP errors).
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use super::ErrorKind;
+use super::events::{Kind, Seen, TextSink};
+
+/// `{"error":{"message","type","param","code"}}`, the shape the OpenAI
+/// SDKs parse into their typed exceptions.
+pub fn error_body(kind: ErrorKind, message: &str, code: Option<&str>) -> Bytes {
+    Bytes::from(json!({"error": error_object(kind, message, code)}).to_string())
+}
+
+/// The inner error object, shared with the Responses API's events.
+pub fn error_object(kind: ErrorKind, message: &str, code: Option<&str>) -> serde_json::Value {
+    let kind = match kind {
+        ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => "invalid_request_error",
+        ErrorKind::Authentication => "authentication_error",
+        ErrorKind::RateLimit => "rate_limit_error",
+        ErrorKind::Api | ErrorKind::Overloaded => "api_error",
+        ErrorKind::Timeout => "timeout_error",
+    };
+    json!({"message": message, "type": kind, "param": null, "code": code})
+}
+
+/// A mid-stream failure as the OpenAI SDKs read it: a last
+/// `data: {"error":...}` (they raise on an `error` key), no `[DONE]`.
+pub fn error_event(kind: ErrorKind, message: &str) -> Bytes {
+    let body = error_body(kind, message, None);
+    let mut out = Vec::with_capacity(body.len() + 8);
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(&body);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// `GET /v1/models` answer listing the configured aliases.
+pub fn models_list<'a>(aliases: impl Iterator<Item = &'a str>) -> Bytes {
+    let data: Vec<_> =
+        aliases.map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "tidegate"})).collect();
+    Bytes::from(json!({"object": "list", "data": data}).to_string())
+}
+
+/// What one chat-completions event is.
+pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize) -> Kind {
+    if name == Some("error") {
+        return Kind::Error;
+    }
+    if data.trim() == "[DONE]" {
+        return Kind::Done;
+    }
+    let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
+        return Kind::Content;
+    };
+    if chunk.error.is_some() || (chunk.choices.is_empty() && chunk.usage.is_none() && is_vendor_error(data)) {
+        return Kind::Error;
+    }
+    if let Some(u) = chunk.usage {
+        seen.usage.input = u.prompt_tokens.or(seen.usage.input);
+        seen.usage.output = u.completion_tokens.or(seen.usage.output);
+    }
+    let mut text = TextSink { text: &mut seen.text, cap: text_cap };
+    for choice in &chunk.choices {
+        if let Some(delta) = &choice.delta {
+            if let Some(c) = &delta.content {
+                text.push(c);
+            }
+            if delta.tool_calls.is_some() {
+                seen.tool_call = true;
+            }
+        }
+        if choice.finish_reason.is_some() {
+            seen.complete = true;
+        }
+    }
+    Kind::Content
+}
+
+/// A chunk with no `choices` that is an error object in a vendor's own
+/// shape (`{"error_code":"TM.00001041","error_msg":...}`,
+/// `{"code":..,"message":..}`): a key starting with "error", or a code
+/// with a message. Only chunks without `choices` get here.
+fn is_vendor_error(data: &str) -> bool {
+    let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(data) else { return false };
+    let has = |k: &str| map.keys().any(|key| key.eq_ignore_ascii_case(k));
+    map.keys().any(|k| k.to_ascii_lowercase().starts_with("error"))
+        || ((has("code") || has("status")) && (has("message") || has("msg")))
+}
+
+/// The request to continue a broken text answer: the original messages
+/// plus the partial answer as the assistant's turn.
+pub fn continuation_body(original: &[u8], partial: &str, model: &str) -> Option<Bytes> {
+    super::append_assistant_turn(original, partial, model)
+}
+
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    choices: Vec<Choice<'a>>,
+    #[serde(default)]
+    usage: Option<ChunkUsage>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(borrow, default)]
+    delta: Option<Delta<'a>>,
+    #[serde(default)]
+    finish_reason: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct ChunkUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
