@@ -248,12 +248,42 @@ const VERSION: i64 = 2;
 /// row does not have is a byte the writer does not write twice (WAL, then
 /// checkpoint). `requests_view` shows the same rows with the id as text,
 /// a readable time and milliseconds, for `sqlite3` users.
+///
+/// The `requests` columns are listed once, in [`REQUEST_TABLE`]: the
+/// table, the INSERT, the SELECT and the binding follow that list.
+const REQUEST_TABLE: [(&str, &str); 18] = [
+    ("id", "INTEGER PRIMARY KEY"),
+    ("id_lo", "INTEGER NOT NULL"),
+    ("client", "TEXT"),
+    ("model", "TEXT"),
+    ("stream", "INTEGER NOT NULL"),
+    ("outcome", "TEXT NOT NULL"),
+    ("status", "INTEGER NOT NULL"),
+    ("class", "TEXT"),
+    ("error", "TEXT"),
+    ("targets", "TEXT NOT NULL"),
+    ("queue_us", "INTEGER NOT NULL"),
+    ("ttfb_us", "INTEGER"),
+    ("total_us", "INTEGER NOT NULL"),
+    ("tokens_in", "INTEGER"),
+    ("tokens_out", "INTEGER"),
+    ("partial", "TEXT"),
+    ("n_attempts", "INTEGER NOT NULL"),
+    ("anomaly", "INTEGER NOT NULL DEFAULT 0"),
+];
+
+/// The column names of [`REQUEST_TABLE`], comma-separated, in order.
+fn request_columns() -> String {
+    REQUEST_TABLE.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+}
+
+/// `CREATE TABLE requests` from [`REQUEST_TABLE`], then the rest of the schema.
+fn schema() -> String {
+    let columns: Vec<String> = REQUEST_TABLE.iter().map(|(name, ty)| format!("{name} {ty}")).collect();
+    format!("CREATE TABLE IF NOT EXISTS requests ({});\n{SCHEMA}", columns.join(", "))
+}
+
 const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS requests (
-    id INTEGER PRIMARY KEY, id_lo INTEGER NOT NULL, client TEXT, model TEXT, stream INTEGER NOT NULL,
-    outcome TEXT NOT NULL, status INTEGER NOT NULL, class TEXT, error TEXT, targets TEXT NOT NULL,
-    queue_us INTEGER NOT NULL, ttfb_us INTEGER, total_us INTEGER NOT NULL, tokens_in INTEGER, tokens_out INTEGER,
-    partial TEXT, n_attempts INTEGER NOT NULL, anomaly INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS attempts (
     request_id INTEGER NOT NULL, n INTEGER NOT NULL,
     upstream TEXT NOT NULL, status INTEGER, class TEXT, summary TEXT NOT NULL, verdict TEXT NOT NULL,
@@ -299,7 +329,7 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
             )?;
             tracing::warn!(path = %path.display(), "journal written by an older tidegate: its rows stay in tables requests_v1 and attempts_v1 of this file (not shown by /admin); new rows go to the new format");
         }
-        tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(&schema())?;
         tx.pragma_update(None, "user_version", VERSION)?;
         tx.commit()?;
     }
@@ -394,15 +424,11 @@ fn writer(path: &Path, names: &[String], retention: &Retention, rx: &Receiver<Re
 /// unique by construction ([`crate::request_id`]); were one ever
 /// repeated, the row already stored is kept.
 const ROWS_PER_INSERT: usize = 32;
-const REQUEST_COLUMNS: usize = 18;
+const REQUEST_COLUMNS: usize = REQUEST_TABLE.len();
 
 fn insert_sql(rows: usize) -> String {
     let one = format!("({})", (0..REQUEST_COLUMNS).map(|_| "?").collect::<Vec<_>>().join(","));
-    format!(
-        "INSERT OR IGNORE INTO requests (id, id_lo, client, model, stream, outcome, status, class, error, targets,
-         queue_us, ttfb_us, total_us, tokens_in, tokens_out, partial, n_attempts, anomaly) VALUES {}",
-        vec![one; rows].join(",")
-    )
+    format!("INSERT OR IGNORE INTO requests ({}) VALUES {}", request_columns(), vec![one; rows].join(","))
 }
 
 /// A duration as the journal stores it: integer microseconds (SQLite's
@@ -419,24 +445,34 @@ fn key(id: &uuid::Uuid) -> (i64, i64) {
 
 fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, names: &[String], r: &Record) -> rusqlite::Result<()> {
     let (hi, lo) = key(&r.id);
-    stmt.raw_bind_parameter(base + 1, hi)?;
-    stmt.raw_bind_parameter(base + 2, lo)?;
-    stmt.raw_bind_parameter(base + 3, &r.client)?;
-    stmt.raw_bind_parameter(base + 4, r.model.as_deref())?;
-    stmt.raw_bind_parameter(base + 5, r.stream)?;
-    stmt.raw_bind_parameter(base + 6, r.outcome.as_str())?;
-    stmt.raw_bind_parameter(base + 7, r.status)?;
-    stmt.raw_bind_parameter(base + 8, r.class.map(Class::as_str))?;
-    stmt.raw_bind_parameter(base + 9, r.detail.as_ref().and_then(|d| d.error.as_deref()))?;
-    stmt.raw_bind_parameter(base + 10, &*r.targets(names))?;
-    stmt.raw_bind_parameter(base + 11, r.queue_us)?;
-    stmt.raw_bind_parameter(base + 12, r.ttfb_us)?;
-    stmt.raw_bind_parameter(base + 13, r.total_us)?;
-    stmt.raw_bind_parameter(base + 14, r.tokens_in)?;
-    stmt.raw_bind_parameter(base + 15, r.tokens_out)?;
-    stmt.raw_bind_parameter(base + 16, r.detail.as_ref().and_then(|d| d.partial.as_deref()))?;
-    stmt.raw_bind_parameter(base + 17, r.n_attempts)?;
-    stmt.raw_bind_parameter(base + 18, r.anomaly)
+    let detail = r.detail.as_deref();
+    let targets = r.targets(names);
+    let targets: &str = &targets;
+    // In the order of REQUEST_TABLE (the array's length is checked against it).
+    let values: [&dyn rusqlite::ToSql; REQUEST_COLUMNS] = [
+        &hi,
+        &lo,
+        &r.client,
+        &r.model.as_deref(),
+        &r.stream,
+        &r.outcome.as_str(),
+        &r.status,
+        &r.class.map(Class::as_str),
+        &detail.and_then(|d| d.error.as_deref()),
+        &targets,
+        &r.queue_us,
+        &r.ttfb_us,
+        &r.total_us,
+        &r.tokens_in,
+        &r.tokens_out,
+        &detail.and_then(|d| d.partial.as_deref()),
+        &r.n_attempts,
+        &r.anomaly,
+    ];
+    for (i, value) in values.into_iter().enumerate() {
+        stmt.raw_bind_parameter(base + i + 1, value)?;
+    }
+    Ok(())
 }
 
 fn insert(conn: &mut Connection, names: &[String], batch: &[Record]) -> rusqlite::Result<()> {
@@ -538,34 +574,32 @@ fn ms(us: i64) -> f64 {
     us as f64 / 1000.0
 }
 
+/// A `requests` row read by column name (the SELECT lists [`REQUEST_TABLE`]).
 fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
-    let (hi, lo): (i64, i64) = (r.get(0)?, r.get(1)?);
+    let (hi, lo): (i64, i64) = (r.get("id")?, r.get("id_lo")?);
     let id = uuid::Uuid::from_u64_pair(hi as u64, lo as u64);
     Ok(Row {
         id: id.to_string(),
         ts_ms: crate::request_id::millis(&id),
-        client: r.get(2)?,
-        model: r.get(3)?,
-        stream: r.get(4)?,
-        outcome: r.get(5)?,
-        status: r.get(6)?,
-        class: r.get(7)?,
-        error: r.get(8)?,
-        targets: r.get(9)?,
-        queue_ms: ms(r.get(10)?),
-        ttfb_ms: r.get::<_, Option<i64>>(11)?.map(ms),
-        total_ms: ms(r.get(12)?),
-        tokens_in: r.get::<_, Option<i64>>(13)?.map(|n| n as u64),
-        tokens_out: r.get::<_, Option<i64>>(14)?.map(|n| n as u64),
-        partial: r.get(15)?,
-        n_attempts: r.get(16)?,
-        anomaly: r.get(17)?,
+        client: r.get("client")?,
+        model: r.get("model")?,
+        stream: r.get("stream")?,
+        outcome: r.get("outcome")?,
+        status: r.get("status")?,
+        class: r.get("class")?,
+        error: r.get("error")?,
+        targets: r.get("targets")?,
+        queue_ms: ms(r.get("queue_us")?),
+        ttfb_ms: r.get::<_, Option<i64>>("ttfb_us")?.map(ms),
+        total_ms: ms(r.get("total_us")?),
+        tokens_in: r.get::<_, Option<i64>>("tokens_in")?.map(|n| n as u64),
+        tokens_out: r.get::<_, Option<i64>>("tokens_out")?.map(|n| n as u64),
+        partial: r.get("partial")?,
+        n_attempts: r.get("n_attempts")?,
+        anomaly: r.get("anomaly")?,
         attempts: Vec::new(),
     })
 }
-
-const COLUMNS: &str = "id, id_lo, client, model, stream, outcome, status, class, error, targets, queue_us, ttfb_us, \
-                       total_us, tokens_in, tokens_out, partial, n_attempts, anomaly";
 
 /// Requests matching `q`, newest first (attempts not loaded). Every
 /// filter narrows a key range or an index, so a dashboard polling a
@@ -577,7 +611,7 @@ pub fn list(path: &Path, q: &Query) -> rusqlite::Result<Vec<Row>> {
         return Ok(Vec::new()); // nothing journaled yet
     }
     let conn = read_only(path)?;
-    let mut sql = format!("SELECT {COLUMNS} FROM requests WHERE id >= ?1");
+    let mut sql = format!("SELECT {} FROM requests WHERE id >= ?1", request_columns());
     if q.outcome.is_some() {
         sql.push_str(" AND outcome = ?2");
         if q.outcome.as_deref() != Some("completed") {
@@ -615,7 +649,7 @@ pub fn get(path: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
     }
     let (hi, lo) = key(&id);
     let conn = read_only(path)?;
-    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM requests WHERE id = ?1 AND id_lo = ?2"))?;
+    let mut stmt = conn.prepare(&format!("SELECT {} FROM requests WHERE id = ?1 AND id_lo = ?2", request_columns()))?;
     let mut rows = stmt.query_map(params![hi, lo], row_from)?;
     let Some(row) = rows.next() else { return Ok(None) };
     let mut row = row?;

@@ -41,7 +41,6 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::health::HoldKind;
-use crate::limits::gcra::Bucket;
 
 /// Every key starts with this, then `{upstream}`.
 const PREFIX: &str = "tidegate";
@@ -219,6 +218,26 @@ impl Keys {
         match kind {
             HoldKind::Open => &self.open,
             HoldKind::Hold => &self.hold,
+        }
+    }
+}
+
+/// Which rate bucket a cost is taken from (the limiter's, shared here
+/// under one key each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bucket {
+    /// Requests per minute.
+    Rpm,
+    /// Tokens per minute.
+    Tpm,
+}
+
+impl Bucket {
+    /// The label in config, messages and shared-store keys.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bucket::Rpm => "rpm",
+            Bucket::Tpm => "tpm",
         }
     }
 }

@@ -81,22 +81,3 @@ mod tests {
         assert_eq!(h.reserve(500, t0), Duration::ZERO);
     }
 }
-
-/// Which rate bucket a cost is taken from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bucket {
-    /// Requests per minute.
-    Rpm,
-    /// Tokens per minute.
-    Tpm,
-}
-
-impl Bucket {
-    /// The label in config, messages and shared-store keys.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bucket::Rpm => "rpm",
-            Bucket::Tpm => "tpm",
-        }
-    }
-}

@@ -22,11 +22,11 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use gcra::{Bucket, Gcra};
+use gcra::Gcra;
 use slots::{Lease, MemorySlots};
 use tokio_util::task::TaskTracker;
 
-use crate::shared::{SharedLease, SharedSlot, SharedState};
+use crate::shared::{Bucket, SharedLease, SharedSlot, SharedState};
 
 /// An upstream's limits, from its config.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,0 +1,119 @@
+//! Timing through the real relay under tokio's paused clock: backoff
+//! waits, the deadline and the circuit breaker's cooldown are measured in
+//! virtual time, exactly, without sleeping. The upstream is a closed
+//! loopback port (connection refused: a transient failure at once).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use tokio::time::Instant;
+
+use tidegate::config::Config;
+use tidegate::gateway::Gateway;
+use tidegate::protocol::{self, Endpoint};
+use tidegate::record::{AttemptLog, Verdict};
+use tidegate::relay::waiting::Progress;
+use tidegate::relay::{self, Answer, Job};
+
+/// A port nothing listens on (bound, then closed).
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn gateway(retry: &str, breaker: &str) -> Arc<Gateway> {
+    let yaml = format!(
+        "journal: off\ndefaults:\n  deadline: 60s\n  retry: {{ {retry}, budget_min_per_second: 1000 }}\n\
+         upstreams:\n  - {{ name: down, protocol: openai, base_url: \"http://127.0.0.1:{}/v1\", {breaker} }}\n\
+         models:\n  m:\n    targets: [{{ upstream: down }}]\n",
+        closed_port()
+    );
+    let config = Config::parse(&yaml, &|_| None).unwrap();
+    Arc::new(Gateway::new(config).unwrap())
+}
+
+fn job(gw: &Arc<Gateway>, deadline: Duration) -> Job {
+    let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#);
+    Job {
+        gw: gw.clone(),
+        endpoint: Endpoint::ChatCompletions,
+        route: 0,
+        head: protocol::peek(&body).unwrap(),
+        body,
+        client_headers: HeaderMap::new(),
+        deadline: Instant::now() + deadline,
+        chained: false,
+        progress: Arc::new(Progress::default()),
+        client: "-".into(),
+        resumes: 0,
+    }
+}
+
+fn message(answer: &Answer) -> String {
+    match answer {
+        Answer::Gateway(e) => e.to_string(),
+        Answer::Stream(..) | Answer::Verbatim { .. } => panic!("expected tidegate's own answer"),
+    }
+}
+
+fn waits(attempts: &[AttemptLog]) -> Duration {
+    attempts.iter().filter_map(|a| a.wait).sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn backoff_waits_are_the_time_that_passes() {
+    let gw = gateway("max_attempts: 4, base_delay: 1s, max_delay: 4s", "breaker_failures: 100");
+    let started = Instant::now();
+    let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+    let elapsed = started.elapsed();
+    assert_eq!(relayed.attempts.len(), 4, "{:?}", relayed.attempts);
+    let verdicts: Vec<Verdict> = relayed.attempts.iter().map(|a| a.verdict).collect();
+    assert_eq!(verdicts, [Verdict::RetrySame, Verdict::RetrySame, Verdict::RetrySame, Verdict::GiveUp]);
+    // Exponential backoff with full jitter: 1 s, then [1, 2] s, then [1, 4] s.
+    let w: Vec<Duration> = relayed.attempts.iter().filter_map(|a| a.wait).collect();
+    assert_eq!(w[0], Duration::from_secs(1));
+    assert!(w[1] >= Duration::from_secs(1) && w[1] <= Duration::from_secs(2), "{w:?}");
+    assert!(w[2] >= Duration::from_secs(1) && w[2] <= Duration::from_secs(4), "{w:?}");
+    // The relay waited exactly what it logged, on tokio's clock.
+    let diff = elapsed.abs_diff(waits(&relayed.attempts));
+    assert!(diff < Duration::from_millis(5), "elapsed {elapsed:?}, waits {:?}", waits(&relayed.attempts));
+    assert!(message(&relayed.answer).contains("4 attempts used"), "{}", message(&relayed.answer));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_ends_the_waiting() {
+    let gw = gateway("max_attempts: 50, base_delay: 1s, max_delay: 4s", "breaker_failures: 100");
+    let started = Instant::now();
+    let relayed = relay::relay(job(&gw, Duration::from_millis(2500))).await;
+    let elapsed = started.elapsed();
+    assert!(elapsed <= Duration::from_millis(2500), "answered after the deadline: {elapsed:?}");
+    assert!(relayed.attempts.len() >= 2, "{:?}", relayed.attempts);
+    assert!(message(&relayed.answer).contains("deadline"), "{}", message(&relayed.answer));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_fails_fast_until_its_cooldown_ends() {
+    let gw = gateway("max_attempts: 1", "breaker_failures: 2, breaker_cooldown: 10s");
+    for _ in 0..2 {
+        let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+        assert_eq!(relayed.attempts.len(), 1);
+    }
+    // Open: no attempt, an answer at once naming the probe time.
+    let started = Instant::now();
+    let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert!(relayed.attempts.is_empty(), "{:?}", relayed.attempts);
+    let text = message(&relayed.answer);
+    assert!(text.contains("circuit breaker is open") && text.contains("10s"), "{text}");
+    // Still open a second before the cooldown ends...
+    tokio::time::advance(Duration::from_secs(9)).await;
+    let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+    assert!(relayed.attempts.is_empty());
+    assert!(message(&relayed.answer).contains("1.0s"), "{}", message(&relayed.answer));
+    // ...and a probe goes out once it has.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+    assert_eq!(relayed.attempts.len(), 1, "the half-open probe");
+}
