@@ -2,6 +2,7 @@
 //! waits, the deadline and the circuit breaker's cooldown are measured in
 //! virtual time, exactly, without sleeping. The upstream is a closed
 //! loopback port (connection refused: a transient failure at once).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Duration;
