@@ -13,6 +13,7 @@ use crate::anomaly::Anomaly;
 use crate::config::Config;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
+use crate::pins::Pins;
 use crate::recent::Recent;
 use crate::report::Sink;
 use crate::retry::RetryBudget;
@@ -39,6 +40,8 @@ pub struct Gateway {
     /// replicas) and the follower of theirs: owned here, so shutdown can
     /// wait for them and none outlives the gateway.
     pub tasks: TaskTracker,
+    /// Which upstream stores each Responses API response.
+    pub pins: Pins,
 }
 
 impl Gateway {
@@ -66,9 +69,16 @@ impl Gateway {
         let anomaly = Anomaly::new(config.anomaly.clone());
         let recent = Arc::new(Recent::new(names.clone()));
         let aliases = config.models.keys().map(|a| Arc::from(a.as_str())).collect();
-        let sink =
-            Arc::new(Sink { journal, metrics: Arc::new(metrics), names, keep_partial: config.keep_partial, recent });
-        Ok(Self { config, upstreams, aliases, anomaly, sink, tasks: TaskTracker::new() })
+        let sink = Arc::new(Sink {
+            journal,
+            metrics: Arc::new(metrics),
+            names: names.clone(),
+            keep_partial: config.keep_partial,
+            recent,
+        });
+        let tasks = TaskTracker::new();
+        let pins = Pins::new(config.response_pin_ttl, shared.clone(), names.clone(), tasks.clone());
+        Ok(Self { config, upstreams, aliases, anomaly, sink, tasks, pins })
     }
 
     /// Applies the cooldowns and open breakers other replicas announce to

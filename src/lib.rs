@@ -38,6 +38,7 @@ pub mod journal;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
+pub mod pins;
 pub mod protocol;
 pub mod recent;
 pub mod record;

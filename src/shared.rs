@@ -518,6 +518,42 @@ impl SharedState {
         let _ = self.call::<i64>(inv).await;
     }
 
+    /// Remembers, for every replica, that `upstream` stores response `id`
+    /// (the Responses API's state), for `ttl`.
+    pub async fn pin(&self, id: &str, upstream: &str, ttl: Duration) {
+        if !self.is_up() {
+            return;
+        }
+        let mut conn = self.conn.clone();
+        let cmd = redis::cmd("SET")
+            .arg(format!("tidegate:pin:{id}"))
+            .arg(upstream)
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .to_owned();
+        let set = tokio::time::timeout(TIMEOUT * 2, cmd.query_async::<()>(&mut conn)).await;
+        if let Ok(Err(err)) = set {
+            self.down(&err);
+        }
+    }
+
+    /// The upstream that stores response `id`, if any replica pinned it.
+    pub async fn pinned(&self, id: &str) -> Option<String> {
+        if !self.is_up() {
+            return None;
+        }
+        let mut conn = self.conn.clone();
+        let cmd = redis::cmd("GET").arg(format!("tidegate:pin:{id}")).to_owned();
+        match tokio::time::timeout(TIMEOUT * 2, cmd.query_async::<Option<String>>(&mut conn)).await {
+            Ok(Ok(name)) => name,
+            Ok(Err(err)) => {
+                self.down(&err);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
     /// Joins (or rejoins): subscribes, then reads the cooldowns and open
     /// breakers other replicas announced before.
     async fn join(&self) -> redis::RedisResult<()> {

@@ -49,6 +49,7 @@ fn job(gw: &Arc<Gateway>, deadline: Duration) -> Job {
         progress: Arc::new(Progress::default()),
         client: "-".into(),
         resumes: 0,
+        pin: None,
     }
 }
 

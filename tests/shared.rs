@@ -307,3 +307,46 @@ async fn rate_buckets_and_the_learned_limit_are_shared() {
     let seen = state["upstreams"][0]["effective_limit"].as_u64().unwrap();
     assert!(seen < 8, "D uses the limit C learned: {state}");
 }
+
+/// A response stored at upstream `a` through replica one is continued at
+/// `a` through replica two, although replica two lists `b` first and has
+/// never seen the response: the pin is in Redis.
+#[tokio::test]
+async fn stored_response_pins_are_shared_between_replicas() {
+    let redis = Redis::start();
+    let (a, b) = (sim(&[]), sim(&[]));
+    let replica = |order: &str| {
+        format!(
+            "listen: 127.0.0.1:0\njournal: \"off\"\nadmin_key: {ADMIN}\nstate: {}\n\
+             upstreams:\n  - {{ name: a, protocol: openai, base_url: \"{}\" }}\n  - {{ name: b, protocol: openai, base_url: \"{}\" }}\n\
+             models:\n  m: {{ targets: [{order}] }}\n",
+            redis.url(),
+            a.openai_url(),
+            b.openai_url()
+        )
+    };
+    let one = gateway(&replica("{ upstream: a }, { upstream: b }")).await;
+    let two = gateway(&replica("{ upstream: b }, { upstream: a }")).await;
+    for gw in [&one, &two] {
+        wait_shared(&format!("http://{}", gw.addr), true).await;
+    }
+    let resp = client().post(url(&one, "/v1/responses")).body(r#"{"model":"m","input":"hi"}"#).send().await.unwrap();
+    let id = resp.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    assert_eq!(a.state.received().len(), 1);
+    let next = format!(r#"{{"model":"m","input":"more","previous_response_id":"{id}"}}"#);
+    // The pin is written to Redis in the background: wait until it is there.
+    let mut conn = redis.conn().await;
+    for _ in 0..100 {
+        let pinned: Option<String> =
+            redis::cmd("GET").arg(format!("tidegate:pin:{id}")).query_async(&mut conn).await.unwrap();
+        if pinned.is_some() {
+            assert_eq!(pinned.as_deref(), Some("a"));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let resp = client().post(url(&two, "/v1/responses")).body(next).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(a.state.received().len(), 2, "continued where it is stored");
+    assert_eq!(b.state.received().len(), 0, "never asked the account without it");
+}

@@ -51,6 +51,8 @@ pub struct Config {
     pub state: Option<Secret>,
     /// Lease lifetime without renewal in shared state.
     pub state_lease_ttl: Duration,
+    /// How long a stored response stays pinned to its upstream.
+    pub response_pin_ttl: Duration,
     /// Journal file; `None` when journaling is off.
     pub journal: Option<PathBuf>,
     /// Journal retention.

@@ -53,6 +53,10 @@ pub struct RawConfig {
     /// How long a replica's concurrency lease lives without renewal.
     #[serde(default)]
     pub state_lease_ttl: Option<String>,
+    /// How long tidegate remembers which upstream stores a Responses API
+    /// response (for `previous_response_id`).
+    #[serde(default)]
+    pub response_pin_ttl: Option<String>,
     /// Keys clients must present; empty means no client auth (loopback only).
     #[serde(default)]
     pub client_keys: Vec<RawClientKey>,

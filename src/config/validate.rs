@@ -145,6 +145,8 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
     if state_lease_ttl < Duration::from_secs(1) {
         problems.push("state_lease_ttl: must be at least 1s".into());
     }
+    let response_pin_ttl =
+        duration("response_pin_ttl", &raw.response_pin_ttl, Duration::from_secs(30 * 24 * 3600), problems);
     let listen = listen?;
     if upstreams.len() != raw.upstreams.len() {
         return None;
@@ -156,6 +158,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         admin_key: raw.admin_key.as_deref().filter(|k| !k.is_empty()).map(Secret::new),
         state,
         state_lease_ttl,
+        response_pin_ttl,
         journal: match raw.journal.as_deref() {
             Some("off") | Some("") => None,
             Some(path) => Some(path.into()),

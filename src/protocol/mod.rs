@@ -228,6 +228,9 @@ pub struct RequestHead {
     /// Responses API: the stored response this one continues; such a
     /// request can only be served by the upstream that stored it.
     pub previous_response_id: Option<String>,
+    /// Responses API: `store` as sent (`false`: nothing stored upstream,
+    /// so nothing to pin).
+    pub store: Option<bool>,
 }
 
 /// Why a body could not be read.
@@ -258,6 +261,8 @@ struct Peek<'a> {
     max_output_tokens: Option<u64>,
     #[serde(default)]
     previous_response_id: Option<String>,
+    #[serde(default)]
+    store: Option<bool>,
 }
 
 /// Reads `model` and `stream` from a request body in one pass (the rest is
@@ -282,6 +287,7 @@ pub fn peek(body: &[u8]) -> Result<RequestHead, PeekError> {
         stream: peek.stream.unwrap_or(false),
         max_tokens: peek.max_tokens.or(peek.max_completion_tokens).or(peek.max_output_tokens),
         previous_response_id: peek.previous_response_id,
+        store: peek.store,
     })
 }
 

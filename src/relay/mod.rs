@@ -94,6 +94,9 @@ pub struct Job {
     pub client: String,
     /// Continuations this request may still ask for.
     pub resumes: u8,
+    /// The upstream that stores the state this request continues
+    /// (`previous_response_id`): the only one it may go to.
+    pub pin: Option<usize>,
 }
 
 impl Job {
@@ -137,7 +140,7 @@ pub async fn relay(job: Job) -> Relayed {
     };
     let mut run = Run {
         job: &job,
-        targets: Targets::new(&job.gw, route),
+        targets: Targets::new(&job.gw, route, job.pin),
         started: Instant::now(),
         attempts: Vec::new(),
         queue_wait: Duration::ZERO,
@@ -277,9 +280,17 @@ impl Run<'_> {
         let upstream = self.upstream(ti);
         upstream.limiter.on_success();
         upstream.health.on_success();
-        self.attempts.push(AttemptLog::ok(self.targets.upstream(ti)));
+        let index = self.targets.upstream(ti);
+        self.attempts.push(AttemptLog::ok(index));
         match &mut answer {
-            Answer::Stream(_, body) => body.hold(permit),
+            Answer::Stream(_, body) => {
+                if self.job.endpoint == Endpoint::Responses && self.job.head.store != Some(false) {
+                    if let Some(id) = body.response_id() {
+                        self.job.gw.pins.remember(id, index);
+                    }
+                }
+                body.hold(permit);
+            }
             Answer::Verbatim { .. } | Answer::Gateway(_) => permit.settle(0),
         }
         self.stop(answer, Some(ti))

@@ -5,7 +5,9 @@
 //! Either way a target that is ready beats one cooling down after a
 //! capacity error, and a target whose breaker is open is skipped until its
 //! probe is due. Targets that refused this request for auth, entitlement or
-//! a missing model are left out for the rest of it.
+//! a missing model are left out for the rest of it, and a request that
+//! continues stored state (`previous_response_id`) sees only the targets on
+//! the upstream that stores it.
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -55,9 +57,18 @@ pub struct Targets<'a> {
 }
 
 impl<'a> Targets<'a> {
-    /// All of the route's targets, none tried yet.
-    pub fn new(gw: &'a Gateway, route: &'a ModelRoute) -> Self {
-        Self { gw, route, excluded: 0, used: 0, tried: Vec::new() }
+    /// The route's targets, none tried yet; with `pin`, only those on
+    /// that upstream (it stores the state the request continues).
+    pub fn new(gw: &'a Gateway, route: &'a ModelRoute, pin: Option<usize>) -> Self {
+        let mut excluded = 0u64;
+        if let Some(pin) = pin {
+            for (i, t) in route.targets.iter().enumerate() {
+                if t.upstream != pin {
+                    excluded |= 1 << i;
+                }
+            }
+        }
+        Self { gw, route, excluded, used: 0, tried: Vec::new() }
     }
 
     fn is_excluded(&self, i: usize) -> bool {

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::auth::authenticate;
 use crate::anomaly::Verdict;
+use crate::config::ModelRoute;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::protocol::{self, Endpoint, Family, Protocol};
@@ -245,6 +246,10 @@ async fn prepare(
         }
     };
     let deadline = deadline(model.deadline, &parts.headers)?;
+    let pin = match &head.previous_response_id {
+        Some(id) => pinned(gw, id, model).await?,
+        None => None,
+    };
     Ok(Job {
         gw: gw.clone(),
         endpoint,
@@ -257,7 +262,23 @@ async fn prepare(
         progress: Arc::new(Progress::default()),
         client: report.client.clone().unwrap_or_else(|| "-".into()),
         resumes: relay::MAX_RESUMES,
+        pin,
     })
+}
+
+/// The upstream that stores response `id`, which a request continuing it
+/// must go to. Unknown ids (never seen, expired) are routed as usual: the
+/// provider says whether it has them.
+async fn pinned(gw: &Gateway, id: &str, route: &ModelRoute) -> Result<Option<usize>, GatewayError> {
+    let Some(upstream) = gw.pins.find(id).await else { return Ok(None) };
+    if route.targets.iter().any(|t| t.upstream == upstream) {
+        return Ok(Some(upstream));
+    }
+    let name = gw.sink.names.get(upstream).map_or("?", String::as_str);
+    Err(GatewayError::BadRequest(format!(
+        "previous_response_id {id:?} is stored at upstream {name}, which this model does not route to; \
+         ask the model that produced it"
+    )))
 }
 
 /// The endpoints an upstream family serves, for messages.

@@ -143,6 +143,16 @@ impl RelayBody {
         body
     }
 
+    /// The id the upstream gave a Responses answer (its stored state): from
+    /// `response.created` in a stream, or the JSON answer read whole.
+    pub fn response_id(&self) -> Option<String> {
+        match (&self.sse, &self.last) {
+            (Some(sse), _) => sse.seen.response_id.clone(),
+            (None, Some(read)) => self.protocol.answer_id(read),
+            (None, None) => None,
+        }
+    }
+
     /// Holds the upstream slot until the last byte (the usage then settles
     /// the token reservation).
     pub fn hold(&mut self, permit: Permit) {

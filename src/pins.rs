@@ -1,0 +1,98 @@
+//! Which upstream stores a response: the Responses API keeps state at the
+//! provider (`store`, the default there), and a request that continues it
+//! (`previous_response_id`) can only be served by the account that holds
+//! it. Another account answers "not found" — or worse, nothing sensible.
+//!
+//! The relay remembers the upstream of every stored response it relays
+//! (the id from `response.created` or the JSON answer) and routes a request
+//! naming one to that upstream only: retried there, never failed over.
+//! Requests with `store: false` (Codex's default) are not pinned and fail
+//! over freely. Pins live in memory, bounded (`MAX_LOCAL`, expired ones
+//! dropped first) and, with shared state, in Redis for every replica, each
+//! for `response_pin_ttl`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use crate::shared::SharedState;
+
+/// Most pins kept in this process.
+pub const MAX_LOCAL: usize = 100_000;
+
+/// Stored response id → upstream index.
+#[derive(Debug)]
+pub struct Pins {
+    local: Mutex<HashMap<String, (usize, Instant)>>,
+    ttl: Duration,
+    shared: Option<Arc<SharedState>>,
+    names: Arc<[String]>,
+    tasks: TaskTracker,
+}
+
+impl Pins {
+    /// Pins kept for `ttl`; `names` are the upstreams by index (Redis
+    /// stores names, which mean the same on every replica).
+    pub fn new(ttl: Duration, shared: Option<Arc<SharedState>>, names: Arc<[String]>, tasks: TaskTracker) -> Self {
+        Self { local: Mutex::new(HashMap::new()), ttl, shared, names, tasks }
+    }
+
+    /// Remembers that `upstream` stores response `id`.
+    pub fn remember(&self, id: String, upstream: usize) {
+        let now = Instant::now();
+        if let (Some(shared), Some(name)) = (&self.shared, self.names.get(upstream)) {
+            let (shared, name, key, ttl) = (shared.clone(), name.clone(), id.clone(), self.ttl);
+            self.tasks.spawn(async move { shared.pin(&key, &name, ttl).await });
+        }
+        let Ok(mut local) = self.local.lock() else { return };
+        if local.len() >= MAX_LOCAL {
+            local.retain(|_, (_, until)| *until > now);
+            if local.len() >= MAX_LOCAL {
+                // Still full of live pins: drop a tenth, in no particular
+                // order (Redis, when configured, still has them).
+                let drop: Vec<String> = local.keys().take(MAX_LOCAL / 10).cloned().collect();
+                drop.iter().for_each(|k| {
+                    local.remove(k);
+                });
+            }
+        }
+        local.insert(id, (upstream, now + self.ttl));
+    }
+
+    /// The upstream that stores response `id`, if known here or (with
+    /// shared state) to any replica.
+    pub async fn find(&self, id: &str) -> Option<usize> {
+        let now = Instant::now();
+        let local = self.local.lock().ok().and_then(|l| l.get(id).filter(|(_, until)| *until > now).map(|(u, _)| *u));
+        if local.is_some() {
+            return local;
+        }
+        let name = self.shared.as_ref()?.pinned(id).await?;
+        self.names.iter().position(|n| *n == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn pins_expire_and_stay_bounded() {
+        let pins =
+            Pins::new(Duration::from_secs(60), None, Arc::from(vec!["a".into(), "b".into()]), TaskTracker::new());
+        pins.remember("resp_1".into(), 1);
+        assert_eq!(pins.find("resp_1").await, Some(1));
+        assert_eq!(pins.find("resp_2").await, None);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(pins.find("resp_1").await, None, "expired");
+        for i in 0..MAX_LOCAL + 5 {
+            pins.remember(format!("r{i}"), 0);
+        }
+        let len = pins.local.lock().unwrap().len();
+        assert!(len <= MAX_LOCAL, "{len}");
+        assert_eq!(pins.find(&format!("r{}", MAX_LOCAL + 4)).await, Some(0), "the newest is kept");
+    }
+}
