@@ -3,7 +3,8 @@
 //! Starts the simulator with the `capacity` scenario (a 3-request cap
 //! answered `429 3009` without `Retry-After`, a `200` + error frame stream
 //! refusal, random `529 overloaded`, one `Retry-After: 1`), fires the same
-//! burst of concurrent requests — both protocols, streaming and not — once
+//! burst of concurrent requests — chat completions, the Responses API and
+//! Anthropic messages, streaming and not — once
 //! straight at it and once through an in-process tidegate (each run against
 //! a fresh simulator, so both meet the same faults), and compares the two.
 
@@ -175,25 +176,29 @@ pub struct Aim {
     pub anthropic_model: String,
 }
 
-/// Fires `n` requests at once (even: OpenAI, odd: Anthropic; every other
-/// pair streaming) and waits for every answer, in full. The scenario tests
-/// use it too.
+/// Fires `n` requests at once (odd: Anthropic messages; even: OpenAI, chat
+/// completions and the Responses API in turn; half of each streaming) and
+/// waits for every answer, in full. The scenario tests use it too.
 pub async fn burst(n: usize, aim: &Aim, bar: ProgressBar) -> Run {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..n {
-        let anthropic = i % 2 == 1;
-        let stream = (i / 2) % 2 == 1;
-        let (url, model) = if anthropic {
-            (format!("{}/v1/messages", aim.anthropic_base), aim.anthropic_model.clone())
-        } else {
-            (format!("{}/chat/completions", aim.openai_base), aim.openai_model.clone())
+        let api = match i % 4 {
+            0 => Api::Chat,
+            2 => Api::Responses,
+            _ => Api::Messages,
+        };
+        let stream = (i / 4) % 2 == 1;
+        let (url, model) = match api {
+            Api::Messages => (format!("{}/v1/messages", aim.anthropic_base), aim.anthropic_model.clone()),
+            Api::Chat => (format!("{}/chat/completions", aim.openai_base), aim.openai_model.clone()),
+            Api::Responses => (format!("{}/responses", aim.openai_base), aim.openai_model.clone()),
         };
         let client = client.clone();
         tasks.spawn(async move {
             let began = Instant::now();
-            let ask = Ask { i, anthropic, stream, model: &model };
+            let ask = Ask { i, api, stream, model: &model };
             let outcome = tokio::time::timeout(REQUEST_TIMEOUT, one(&client, &url, ask))
                 .await
                 .unwrap_or_else(|_| Err("no answer in 60 s".into()));
@@ -218,21 +223,34 @@ pub async fn burst(n: usize, aim: &Aim, bar: ProgressBar) -> Run {
     run
 }
 
+/// The API a burst request speaks.
+#[derive(Debug, Clone, Copy)]
+enum Api {
+    Chat,
+    Responses,
+    Messages,
+}
+
 /// One request of a burst.
 struct Ask<'a> {
     i: usize,
-    anthropic: bool,
+    api: Api,
     stream: bool,
     model: &'a str,
 }
 
 /// One request; `Err` says what the client saw go wrong.
 async fn one(client: &Client<HttpConnector, Full<Bytes>>, url: &str, ask: Ask<'_>) -> Result<(), String> {
-    let Ask { i, anthropic, stream, model } = ask;
-    let max_tokens = if anthropic { r#""max_tokens":64,"# } else { "" };
-    let body = format!(
-        r#"{{"model":"{model}",{max_tokens}"stream":{stream},"messages":[{{"role":"user","content":"demo request {i}"}}]}}"#
-    );
+    let Ask { i, api, stream, model } = ask;
+    let body = match api {
+        Api::Chat => format!(
+            r#"{{"model":"{model}","stream":{stream},"messages":[{{"role":"user","content":"demo request {i}"}}]}}"#
+        ),
+        Api::Responses => format!(r#"{{"model":"{model}","stream":{stream},"input":"demo request {i}"}}"#),
+        Api::Messages => format!(
+            r#"{{"model":"{model}","max_tokens":64,"stream":{stream},"messages":[{{"role":"user","content":"demo request {i}"}}]}}"#
+        ),
+    };
     let request = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
         .header("anthropic-version", "2023-06-01")
@@ -245,8 +263,15 @@ async fn one(client: &Client<HttpConnector, Full<Bytes>>, url: &str, ask: Ask<'_
     if !status.is_success() {
         return Err(format!("HTTP {} {}", status.as_u16(), gist(&text)));
     }
+    if !stream && text.contains(r#""status":"failed""#) {
+        return Err(format!("200 + failed response {}", gist(&text)));
+    }
     if stream {
-        let end = if anthropic { "message_stop" } else { "[DONE]" };
+        let end = match api {
+            Api::Chat => "[DONE]",
+            Api::Responses => "response.completed",
+            Api::Messages => "message_stop",
+        };
         if text.contains("\"error") || text.contains("event: error") {
             return Err(format!("200 + error frame {}", gist(&text)));
         }

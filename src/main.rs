@@ -248,7 +248,7 @@ fn demo(requests: usize, journal: PathBuf) -> anyhow::Result<()> {
     println!(
         "tidegate demo: a simulated provider with a 3-request cap per model (429 3009, no Retry-After),\n\
          200 + error frame stream refusals, random 529 overloaded and one Retry-After: 1.\n\
-         The same burst of {requests} concurrent requests (OpenAI and Anthropic, streaming and not) goes\n\
+         The same burst of {requests} concurrent requests (OpenAI chat and Responses, Anthropic; streaming and not) goes\n\
          straight to it, then through tidegate.\n"
     );
     let report = runtime(0)?.block_on(tidegate::demo::run(&options))?;

@@ -9,50 +9,18 @@ any failure.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-import urllib.request
 
 import anthropic
 import openai
 
+from procs import free_port, wait_healthy, wait_port
+
 CLIENT_KEY = "sdk-check-client-key"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url, proc, what):
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except Exception:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not become ready at {url}")
-
-
-def wait_port(port, proc, what):
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {port}")
 
 
 def main():
@@ -76,6 +44,10 @@ models:
   drop-claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-drop-claude }}] }}
   slow: {{ targets: [{{ upstream: sim-openai, model: sim-slow }}] }}
   slow-claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-slow-claude }}] }}
+  busy-once: {{ targets: [{{ upstream: sim-openai, model: sim-busy-once }}] }}
+  bad: {{ targets: [{{ upstream: sim-openai, model: sim-bad }}] }}
+  drop-responses: {{ targets: [{{ upstream: sim-openai, model: sim-drop-responses }}] }}
+  busy-once-js: {{ targets: [{{ upstream: sim-openai, model: sim-busy-once-js }}] }}
 defaults:
   retry: {{ base_delay: 50ms, max_delay: 100ms }}
   stream_keepalive_after: 300ms
@@ -87,8 +59,24 @@ defaults:
 models:
   sim-drop: { drop_after: 3 }
   sim-drop-claude: { drop_after: 4 }
+  sim-drop-responses: { drop_after: 6 }
   sim-slow: { first_chunk_delay_ms: 1500 }
   sim-slow-claude: { first_chunk_delay_ms: 1500 }
+  sim-busy-once:
+    script:
+      - status: 429
+        body: '{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}'
+      - mode: error_frame
+        body: '{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}'
+  sim-busy-once-js:
+    script:
+      - status: 429
+        body: '{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}'
+      - mode: error_frame
+        body: '{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}'
+  sim-bad:
+    status: 400
+    error_body: '{"error":{"message":"Invalid input: expected a string or an array","type":"invalid_request_error","param":"input","code":null}}'
   sim-busy:
     status: 429
     error_body: '{"error":{"code":"3009","message":"model concurrency limit exceeded"}}'
@@ -140,7 +128,7 @@ def run_checks(base):
 
     def openai_models():
         ids = [m.id for m in oa.models.list()]
-        assert ids == ["gpt", "busy", "drop", "slow"], ids
+        assert ids == ["gpt", "busy", "drop", "slow", "busy-once", "bad", "drop-responses", "busy-once-js"], ids
 
     def openai_typed_errors():
         try:
@@ -183,6 +171,54 @@ def run_checks(base):
     def openai_keepalive_comments_parse():
         text = openai_text(oa.chat.completions.create(model="slow", messages=msgs, stream=True))
         assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
+
+    def responses_non_stream():
+        r = oa.responses.create(model="gpt", input="hello")
+        assert r.model == "sim-gpt", r.model
+        assert r.status == "completed", r
+        assert r.output_text == "tok0 tok1 tok2 tok3 tok4 ", repr(r.output_text)
+
+    def responses_stream():
+        deltas, kinds = "", []
+        for event in oa.responses.create(model="gpt", input="hello", stream=True):
+            kinds.append(event.type)
+            if event.type == "response.output_text.delta":
+                deltas += event.delta
+        assert deltas == "tok0 tok1 tok2 tok3 tok4 ", repr(deltas)
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+
+    def responses_capacity_absorbed():
+        # A 429 without Retry-After, then a 200 stream holding only
+        # response.failed: the SDK, allowed no retries, sees one answer.
+        r = oa.responses.create(model="busy-once", input="hello")
+        assert r.output_text.startswith("tok0"), r
+        with oa.responses.stream(model="busy-once", input="hello") as s:
+            final = s.get_final_response()
+        assert final.status == "completed" and final.output_text.startswith("tok0"), final
+
+    def responses_typed_errors():
+        try:
+            oa.responses.create(model="bad", input=3)
+            raise AssertionError("no exception")
+        except openai.BadRequestError as e:
+            assert "Invalid input" in e.message, e.message
+        try:
+            oa.responses.create(model="nope", input="hi")
+            raise AssertionError("no exception")
+        except openai.NotFoundError as e:
+            assert "tidegate" in e.message, e.message
+
+    def responses_mid_stream_failure_raises():
+        text = ""
+        try:
+            for event in oa.responses.create(model="drop-responses", input="hello", stream=True):
+                assert event.type != "response.completed", "a broken stream looked complete"
+                if event.type == "response.output_text.delta":
+                    text += event.delta
+            raise AssertionError(f"stream ended silently after {text!r}")
+        except openai.APIError as e:
+            assert "broke" in str(e.message), e.message
+        assert text == "tok0 tok1 ", repr(text)
 
     def anthropic_mid_stream_failure_raises():
         text = ""
@@ -231,6 +267,8 @@ def run_checks(base):
 
     checks = [openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_gives_up_once_not_twice,
               openai_mid_stream_failure_raises, openai_keepalive_comments_parse,
+              responses_non_stream, responses_stream, responses_capacity_absorbed, responses_typed_errors,
+              responses_mid_stream_failure_raises,
               anthropic_non_stream, anthropic_stream, anthropic_typed_errors, anthropic_models,
               anthropic_mid_stream_failure_raises, anthropic_keepalive_comments_parse]
     passed = failed = 0
@@ -243,8 +281,33 @@ def run_checks(base):
             failed += 1
             print(f"FAIL {check.__name__}")
             traceback.print_exc()
+    js_passed, js_failed = run_js_checks(base)
+    passed, failed = passed + js_passed, failed + js_failed
     print(f"sdk: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
+
+
+def run_js_checks(base):
+    """The OpenAI JS SDK's checks (tests/sdk/responses.mjs), run from
+    target/sdk-js where `npm install` put the SDK; (passed, failed)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    js = os.path.join(root, "target", "sdk-js")
+    if not os.path.isdir(os.path.join(js, "node_modules", "openai")):
+        print("FAIL js checks: no target/sdk-js/node_modules/openai (npm install --prefix target/sdk-js, as .ci/run does)")
+        return 0, 1
+    import shutil
+    shutil.copy(os.path.join(root, "tests", "sdk", "responses.mjs"), os.path.join(js, "responses.mjs"))
+    out = subprocess.run(["node", os.path.join(js, "responses.mjs"), base, CLIENT_KEY],
+                         capture_output=True, text=True, timeout=120)
+    print(out.stdout, end="")
+    if out.stderr.strip():
+        print(out.stderr[-2000:])
+    lines = out.stdout.splitlines()
+    passed = sum(1 for l in lines if l.startswith("ok "))
+    failed = sum(1 for l in lines if l.startswith("FAIL"))
+    if out.returncode != 0 and failed == 0:
+        failed = 1
+    return passed, failed
 
 
 if __name__ == "__main__":

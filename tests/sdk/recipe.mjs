@@ -13,6 +13,14 @@ let text = "";
 const stream = await openai.chat.completions.create({ model: "demo-gpt", stream: true, messages: [{ role: "user", content: "hi" }] });
 for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? "";
 console.log("openai stream:", text);
+// The Responses API, JSON and stream.
+const response = await openai.responses.create({ model: "demo-gpt", input: "hi" });
+console.log("responses:", response.output_text);
+let deltas = "";
+for await (const event of await openai.responses.create({ model: "demo-gpt", input: "hi", stream: true })) {
+  if (event.type === "response.output_text.delta") deltas += event.delta;
+}
+console.log("responses stream:", deltas);
 
 // Anthropic SDK: baseURL without /v1.
 const claude = new Anthropic({ baseURL: TIDEGATE, apiKey });

@@ -12,6 +12,10 @@ reply = client.chat.completions.create(model="demo-gpt", messages=[{"role": "use
 print("openai:", reply.choices[0].message.content)
 stream = client.chat.completions.create(model="demo-gpt", stream=True, messages=[{"role": "user", "content": "hi"}])
 print("openai stream:", "".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+# The Responses API, JSON and stream.
+print("responses:", client.responses.create(model="demo-gpt", input="hi").output_text)
+events = client.responses.create(model="demo-gpt", input="hi", stream=True)
+print("responses stream:", "".join(e.delta for e in events if e.type == "response.output_text.delta"))
 
 # Anthropic SDK: base_url without /v1.
 claude = anthropic.Anthropic(base_url=TIDEGATE, api_key=os.environ.get("TIDEGATE_KEY", "unused"))

@@ -1,0 +1,127 @@
+"""Real coding agents through tidegate, as the README's "Coding agents"
+section sets them up: OpenAI Codex CLI (`codex exec`, Responses API) and
+Claude Code (`claude -p`, Anthropic messages), against
+`tidegate simulate --scenario capacity`, whose first answer to any model
+name is "429 model concurrency limit exceeded" without Retry-After.
+
+Checks: Codex pointed straight at the simulator gives up (the incident
+tidegate exists for); Codex and Claude Code pointed at tidegate finish.
+The agents come from npm (`@openai/codex`, `@anthropic-ai/claude-code`,
+installed once under target/agents); the README's Codex provider block is
+read from the README itself, so the documented setup is what runs.
+
+Usage: python tests/agents/run.py path/to/tidegate
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sdk"))
+from procs import free_port, wait_healthy, wait_port  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+AGENTS = os.path.join(ROOT, "target", "agents")
+PACKAGES = ["@openai/codex@0.171.0", "@anthropic-ai/claude-code@2.1.332"]
+
+
+def install():
+    bins = [os.path.join(AGENTS, "node_modules", ".bin", b) for b in ("codex", "claude")]
+    if not all(os.path.exists(b) for b in bins):
+        os.makedirs(AGENTS, exist_ok=True)
+        subprocess.run(["npm", "install", "--prefix", AGENTS, "--no-audit", "--no-fund", "--silent", *PACKAGES],
+                       check=True)
+    return bins
+
+
+def readme_section():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    return text.split("## Coding agents", 1)[1].split("\n## ", 1)[0]
+
+
+def codex_config(base_url):
+    """The README's ~/.codex/config.toml, pointed at `base_url`."""
+    block = re.search(r"```toml\n(.*?)```", readme_section(), re.S).group(1)
+    assert "wire_api = \"responses\"" in block, block
+    return block.replace("http://127.0.0.1:8787/v1", base_url)
+
+
+def claude_env():
+    """The variables the README's Claude Code line sets."""
+    line = next(l for l in readme_section().splitlines() if l.startswith("ANTHROPIC_BASE_URL="))
+    return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+
+
+def run(cmd, env, timeout=180):
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=env["HOME"])
+        return out.returncode, out.stdout + out.stderr
+    except subprocess.TimeoutExpired as e:
+        return -1, f"no result in {timeout} s: {e.stdout or ''}{e.stderr or ''}"
+
+
+def main():
+    binary = os.path.abspath(sys.argv[1])
+    codex, claude = install()
+    tmp = tempfile.mkdtemp(prefix="tidegate-agents-")
+    sim_port, gw_port = free_port(), free_port()
+    logs = open(os.path.join(tmp, "log.txt"), "w")
+    env = dict(os.environ, TRY_SIM=f"127.0.0.1:{sim_port}", TRY_LISTEN=f"127.0.0.1:{gw_port}",
+               TRY_JOURNAL=os.path.join(tmp, "try.db"))
+    sim = subprocess.Popen([binary, "simulate", "--scenario", "capacity", "--listen", f"127.0.0.1:{sim_port}"],
+                           stdout=logs, stderr=logs)
+    gw = subprocess.Popen([binary, "serve", "--config", os.path.join(ROOT, "examples", "try.yaml")],
+                          env=env, stdout=logs, stderr=logs, cwd=tmp)
+    results = []
+    try:
+        wait_port(sim_port, sim, "simulator")
+        wait_healthy(f"http://127.0.0.1:{gw_port}/healthz", gw, "tidegate")
+
+        def agent_env(name):
+            home = tempfile.mkdtemp(prefix=f"{name}-", dir=tmp)
+            return dict(os.environ, HOME=home, CODEX_HOME=os.path.join(home, ".codex"), DISABLE_TELEMETRY="1",
+                        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", NO_COLOR="1")
+
+        def codex_run(name, base_url):
+            e = agent_env(name)
+            os.makedirs(e["CODEX_HOME"])
+            with open(os.path.join(e["CODEX_HOME"], "config.toml"), "w") as f:
+                f.write(codex_config(base_url))
+            e["TIDEGATE_KEY"] = "any-key-tidegate-has-no-client-keys-here"
+            return run([codex, "exec", "--skip-git-repo-check", "say hi"], e)
+
+        # The incident: Codex straight at the provider quits on the 429.
+        rc, out = codex_run("codex-direct", f"http://127.0.0.1:{sim_port}/v1")
+        ok = rc != 0 and "429" in out
+        results.append(("codex straight at the simulator gives up on the 429", ok, out))
+
+        rc, out = codex_run("codex-tidegate", f"http://127.0.0.1:{gw_port}/v1")
+        results.append(("codex exec through tidegate finishes", rc == 0 and "tok0" in out, out))
+
+        e = agent_env("claude")
+        e.update({k: v.replace("127.0.0.1:8787", f"127.0.0.1:{gw_port}") for k, v in claude_env().items()})
+        rc, out = run([claude, "-p", "say hi"], e)
+        results.append(("claude -p through tidegate finishes", rc == 0 and "tok0" in out, out))
+    finally:
+        for p in (gw, sim):
+            p.terminate()
+            p.wait(timeout=10)
+    failed = 0
+    for name, ok, out in results:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}")
+        if not ok:
+            failed += 1
+            print("    " + out[-1500:].replace("\n", "\n    "))
+        else:
+            said = [l for l in out.splitlines() if "tok0" in l or "ERROR" in l][-1:]
+            print(f"    said: {said[0].strip()[:160] if said else ''}")
+    print(f"agents: {len(results) - failed} passed, {failed} failed")
+    if failed:
+        print(open(os.path.join(tmp, "log.txt")).read()[-3000:])
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

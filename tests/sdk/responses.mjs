@@ -1,0 +1,69 @@
+// The official OpenAI JS SDK's responses.create against tidegate, run by
+// tests/sdk/check.py (from target/sdk-js, where npm installed the SDK).
+// Prints one "ok"/"FAIL" line per check; exits non-zero on any failure.
+import OpenAI from "openai";
+
+const [base, apiKey] = process.argv.slice(2);
+const oa = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 0, timeout: 20000 });
+const assert = (cond, what) => {
+  if (!cond) throw new Error(what);
+};
+
+const checks = {
+  async js_responses_non_stream() {
+    const r = await oa.responses.create({ model: "gpt", input: "hello" });
+    assert(r.status === "completed" && r.output_text === "tok0 tok1 tok2 tok3 tok4 ", JSON.stringify(r));
+  },
+  async js_responses_stream() {
+    let text = "";
+    const kinds = [];
+    for await (const event of await oa.responses.create({ model: "gpt", input: "hello", stream: true })) {
+      kinds.push(event.type);
+      if (event.type === "response.output_text.delta") text += event.delta;
+    }
+    assert(text === "tok0 tok1 tok2 tok3 tok4 ", text);
+    assert(kinds.at(-1) === "response.completed", kinds.join());
+  },
+  async js_responses_capacity_absorbed() {
+    const r = await oa.responses.create({ model: "busy-once-js", input: "hello" });
+    assert(r.output_text.startsWith("tok0"), JSON.stringify(r));
+    let text = "";
+    for await (const event of await oa.responses.create({ model: "busy-once-js", input: "hello", stream: true })) {
+      if (event.type === "response.output_text.delta") text += event.delta;
+    }
+    assert(text.startsWith("tok0"), text);
+  },
+  async js_responses_typed_errors() {
+    try {
+      await oa.responses.create({ model: "bad", input: 3 });
+      throw new Error("no exception");
+    } catch (e) {
+      assert(e instanceof OpenAI.BadRequestError && e.message.includes("Invalid input"), String(e));
+    }
+  },
+  async js_responses_mid_stream_failure_raises() {
+    let text = "";
+    try {
+      for await (const event of await oa.responses.create({ model: "drop-responses", input: "hello", stream: true })) {
+        assert(event.type !== "response.completed", "a broken stream looked complete");
+        if (event.type === "response.output_text.delta") text += event.delta;
+      }
+      throw new Error(`stream ended silently after ${text}`);
+    } catch (e) {
+      assert(e instanceof OpenAI.APIError && String(e.message).includes("broke"), String(e));
+    }
+    assert(text === "tok0 tok1 ", text);
+  },
+};
+
+let failed = 0;
+for (const [name, check] of Object.entries(checks)) {
+  try {
+    await check();
+    console.log(`ok   ${name}`);
+  } catch (e) {
+    failed += 1;
+    console.log(`FAIL ${name}: ${e.stack ?? e}`);
+  }
+}
+process.exit(failed ? 1 : 0);
