@@ -5,23 +5,28 @@
 //!
 //! ```text
 //! client ──► server    auth (constant time), size limit, keep raw bytes
-//!        ──► protocol  read `model` + `stream` only; splice a renamed model
-//!        ──► config    alias → ordered equivalent targets (ModelRoute)
-//!        ──► relay     the attempt loop: pick target, send, decide
+//!        ──► protocol  the endpoint's wire protocol: read `model`, `stream`
+//!                      and routing fields only; splice a renamed model
+//!        ──► config    alias or pattern → ordered equivalent targets
+//!        ──► relay     the attempt loop: pick target → acquire → send →
+//!                      classify → feed back → decide (gateway: shared state)
 //!        ──► health    cooldowns and circuit breakers (which target)
 //!        ──► limits    per-upstream queue, concurrency slots, rate buckets
 //!                      (shared: the same as leases in Redis, for replicas)
 //!        ──► classify  what an answer means; retry: what to do about it
 //!        ──► upstream  per-provider client: auth, headers, pooling, timeouts
-//!        ──► stream    body relayed chunk by chunk, idle timeout, owns the
-//!                      upstream connection until the last byte
+//!        ──► stream    body relayed event by event, idle timeout, owns the
+//!                      upstream slot until the last byte; asks `protocol`
+//!                      what each event is
 //!        ──► error     what tidegate answers itself, in the client's shape
 //! ```
 //!
-//! Beside the path: `report` finishes each request once (log line,
-//! `metrics`, `recent` buckets for the `/ui` dashboard, `journal` row),
-//! `anomaly` watches per-client volume; `request_id` makes the ids whose
-//! first half is the journal's row key.
+//! Beside the path: `record` is the per-request vocabulary (outcome,
+//! attempts, verdicts, usage) everything below the relay shares; `report`
+//! finishes each request once (log line, `metrics`, `recent` buckets for
+//! the `/ui` dashboard, `journal` row); `pins` remembers which upstream
+//! stores a Responses API response; `anomaly` watches per-client volume;
+//! `request_id` makes the ids whose first half is the journal's row key.
 //!
 //! `simulate` is a fault-injecting upstream (with named scenarios) shared
 //! by the tests, the benchmark, `tidegate simulate` and `demo`, which runs
