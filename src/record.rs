@@ -100,6 +100,9 @@ pub enum WaitSource {
     Rule,
     /// tidegate's own exponential backoff.
     Backoff,
+    /// tidegate's retry budget: blind retries to this upstream are paced
+    /// so an outage is not multiplied.
+    Budget,
 }
 
 impl WaitSource {
@@ -109,6 +112,7 @@ impl WaitSource {
             WaitSource::Provider(header) => header,
             WaitSource::Rule => "rule",
             WaitSource::Backoff => "backoff",
+            WaitSource::Budget => "budget",
         }
     }
 }

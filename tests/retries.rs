@@ -188,23 +188,37 @@ async fn a_chained_tidegate_makes_one_attempt_and_relays_verbatim() {
 }
 
 #[tokio::test]
-async fn retry_budget_stops_blind_retries_in_an_outage() {
-    let sim = sim(&[("real-gpt", always(500, r#"{"error":{"message":"internal"}}"#))]);
-    // Budget: no ratio, a floor of 0.2 retries/s = 2 retries per 10 s window.
-    let top = "defaults:\n  retry: { base_delay: 10ms, max_delay: 10ms, max_attempts: 6, budget_ratio: 0, budget_min_per_second: 0.2 }";
-    let gw = gateway(&yaml(&sim, top, "", "")).await;
-    let mut hits = Vec::new();
-    for _ in 0..3 {
-        let before = sim.state.received().len();
-        let resp = post(&gw, "/v1/chat/completions", r#"{"model":"gpt"}"#).await;
-        assert_eq!(resp.status(), 502);
-        let v: Value = resp.json().await.unwrap();
-        hits.push((sim.state.received().len() - before, v["error"]["message"].as_str().unwrap().to_string()));
-    }
-    assert_eq!(hits[0].0, 3, "first request: 1 attempt + 2 budgeted retries");
-    assert_eq!(hits[1].0, 1, "budget spent: no more retries");
-    assert!(hits[1].1.contains("retry budget"), "{}", hits[1].1);
-    assert_eq!(hits[2].0, 1);
+async fn retry_budget_paces_blind_retries_and_fails_only_when_time_runs_out() {
+    let busy = r#"{"error":{"message":"The server is overloaded","type":"server_error"}}"#;
+    let sim = sim(&[
+        // Eight refusals, then answers: an outage that ends.
+        ("real-gpt", scripted((0..8).map(|_| Fault::new(503, busy)).collect())),
+        ("down", always(503, busy)),
+    ]);
+    // Budget: no ratio, a floor of 0.5 retries/s — a ten-second burst of 5
+    // (plus the one due now), then one every 2 s. The backoff itself is tiny.
+    let top = "defaults:\n  deadline: 10s\n  retry: { base_delay: 10ms, max_delay: 10ms, budget_ratio: 0, budget_min_per_second: 0.5 }";
+    let models = "  down:\n    targets: [{ upstream: sim-openai }]";
+    let gw = gateway(&yaml(&sim, top, "", models)).await;
+    let started = Instant::now();
+    let resp = post(&gw, "/v1/chat/completions", r#"{"model":"gpt"}"#).await;
+    assert_eq!(resp.status(), 200, "the budget paced the retries, it did not fail the request");
+    let took = started.elapsed();
+    assert_eq!(sim.state.received().len(), 9, "1 attempt + 6 at once + 2 paced");
+    assert!(took >= Duration::from_millis(3500) && took < Duration::from_secs(8), "paced: {took:?}");
+    // An outage that does not end, a 2 s deadline, the budget used up by
+    // the request above: the next free retry is beyond the deadline — an
+    // honest 503 at once, not a wait that cannot end well.
+    let started = Instant::now();
+    let resp = post_with(&gw, "/v1/chat/completions", ("x-tidegate-deadline", "2s"), r#"{"model":"down"}"#).await;
+    assert_eq!(resp.status(), 503);
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    let retry_after: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=3).contains(&retry_after), "{retry_after}");
+    let v: Value = resp.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("retry budget") && !msg.contains("provider asked"), "{msg}");
 }
 
 #[tokio::test]

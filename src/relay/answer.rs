@@ -15,6 +15,7 @@ use crate::classify::{Class, Outcome};
 use crate::error::GatewayError;
 use crate::limits::Refused;
 use crate::protocol::{ErrorKind, Protocol};
+use crate::record::WaitSource;
 use crate::retry::{self, GiveUp, Policy};
 use crate::stream::RelayBody;
 use crate::upstream::Upstream;
@@ -170,7 +171,9 @@ pub(super) fn give_up(
 ) -> Answer {
     let verbatim = match why {
         GiveUp::NotRetryable | GiveUp::ProviderSaidNo | GiveUp::Chained => true,
-        GiveUp::Exhausted | GiveUp::BudgetSpent | GiveUp::BeyondDeadline { .. } | GiveUp::BreakerOpen { .. } => false,
+        GiveUp::Exhausted | GiveUp::BeyondDeadline { .. } | GiveUp::BreakerOpen { .. } | GiveUp::DeadlinePassed => {
+            false
+        }
     };
     if verbatim {
         if let Some((mut parts, body)) = answer {
@@ -196,20 +199,29 @@ fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> Gateway
     };
     let next_backoff = retry::backoff(ctx.attempts + 1, ctx.policy, 0.5);
     let (status, kind, retry_after, reason) = match why {
-        GiveUp::BeyondDeadline { wait } => {
-            (status, kind, wait, format!("it asks to wait {}, longer than this request's deadline allows", secs(wait)))
+        GiveUp::BeyondDeadline { wait, source } => {
+            let who = match source {
+                WaitSource::Provider(header) => format!("the provider asked ({header}) for {}", secs(wait)),
+                WaitSource::Rule => format!("the upstream's retry rule waits {} between attempts", secs(wait)),
+                WaitSource::Backoff => "tidegate's backoff leaves no time for another attempt".to_owned(),
+                WaitSource::Budget => format!(
+                    "tidegate's retry budget for it (which keeps retries a fraction of its traffic) has no room for another attempt for {}",
+                    secs(wait)
+                ),
+            };
+            (status, kind, wait, format!("{who}, longer than this request's deadline allows"))
         }
+        GiveUp::DeadlinePassed => (
+            StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::Timeout,
+            next_backoff,
+            "the request's deadline passed while the upstream was still answering (it was working, not failing)".into(),
+        ),
         GiveUp::BreakerOpen { wait } => (
             status,
             kind,
             wait,
             format!("its circuit breaker is open after repeated failures; the next probe is due in {}", secs(wait)),
-        ),
-        GiveUp::BudgetSpent => (
-            status,
-            kind,
-            outcome.hints.retry_after.unwrap_or(next_backoff),
-            "its retry budget is spent (too many retries recently: tidegate will not multiply an outage)".into(),
         ),
         GiveUp::Exhausted => {
             (status, kind, outcome.hints.retry_after.unwrap_or(next_backoff), format!("{} attempts used", ctx.attempts))

@@ -124,6 +124,9 @@ enum Attempt {
     /// A failure to classify: its outcome and, for an HTTP answer, the
     /// buffered answer to return verbatim if it is final.
     Failure(Outcome, Option<(http::response::Parts, Bytes)>),
+    /// The request's deadline ended the attempt while the upstream was
+    /// still working: not the upstream's failure.
+    Ended(Outcome),
 }
 
 /// Runs attempts across the alias's targets until success, a final error,
@@ -163,6 +166,13 @@ pub async fn relay(job: Job) -> Relayed {
         let (outcome, buffered) = match run.send(ti).await {
             Attempt::Success(answer) => return run.succeed(ti, answer, permit),
             Attempt::Failure(outcome, buffered) => (outcome, buffered),
+            // The deadline, not the upstream, ended it: nothing to learn
+            // about the upstream (no breaker, cooldown or limit change).
+            Attempt::Ended(outcome) => {
+                drop(permit);
+                run.log(ti, &outcome, &Decision::GiveUp(GiveUp::DeadlinePassed));
+                return run.give_up(ti, GiveUp::DeadlinePassed, &outcome, None);
+            }
         };
         // Give the slot back before any wait: others may use it meanwhile.
         drop(permit);
@@ -172,11 +182,17 @@ pub async fn relay(job: Job) -> Relayed {
         match decision {
             Decision::Retry { wait, source } => {
                 let upstream = run.upstream(ti);
-                if source == WaitSource::Backoff {
-                    upstream.budget.spend(Instant::now());
-                }
                 tracing::debug!(upstream = %upstream.config.name, class = outcome.class.as_str(), ?wait, source = source.as_str(), "retrying");
-                tokio::time::sleep(wait).await;
+                let go = match source {
+                    // A blind retry takes its place in the budget's schedule.
+                    WaitSource::Backoff | WaitSource::Budget => upstream.budget.reserve(Instant::now() + wait),
+                    WaitSource::Provider(_) | WaitSource::Rule => Instant::now() + wait,
+                };
+                tokio::time::sleep_until(go).await;
+            }
+            Decision::LeaveTarget => {
+                tracing::debug!(upstream = %run.upstream(ti).config.name, "attempts used here: trying the other targets");
+                run.targets.exclude(ti);
             }
             Decision::NextTarget => {
                 tracing::debug!(upstream = %run.upstream(ti).config.name, class = outcome.class.as_str(), "failing over");
@@ -229,7 +245,7 @@ impl Run<'_> {
                 }
                 Pick::HoldUntil(until) => {
                     let wait = until.saturating_duration_since(Instant::now());
-                    (GiveUp::BeyondDeadline { wait }, answer::held_off())
+                    (GiveUp::BeyondDeadline { wait, source: WaitSource::Provider("retry-after") }, answer::held_off())
                 }
                 // Every target left is broken: fail fast, saying when the
                 // first probe is due, rather than queueing behind a breaker.
@@ -328,9 +344,10 @@ impl Run<'_> {
         retry::decide(&Situation {
             outcome,
             attempts: self.attempts.len() as u32 + 1,
+            target_attempts: self.targets.attempts_on(ti),
             policy: &self.job.gw.config.retry,
             remaining: self.job.deadline.saturating_duration_since(now),
-            budget_ok: upstream.budget.has_room(now),
+            budget_wait: upstream.budget.wait(now),
             chained: self.job.chained,
             other_target_ready: self.targets.other_ready(ti, now),
             other_target_left: self.targets.other_left(ti),
@@ -344,7 +361,7 @@ impl Run<'_> {
         let fatal = outcome.rule.as_ref().is_some_and(|r| r.fatal);
         let (verdict, wait) = match decision {
             Decision::Retry { wait, .. } => (Verdict::RetrySame, Some(*wait)),
-            Decision::NextTarget => (Verdict::NextTarget, None),
+            Decision::NextTarget | Decision::LeaveTarget => (Verdict::NextTarget, None),
             Decision::Requeue => (Verdict::Requeue, None),
             Decision::GiveUp(GiveUp::NotRetryable) if fatal => (Verdict::Fatal, None),
             Decision::GiveUp(_) => (Verdict::GiveUp, None),
@@ -394,7 +411,14 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, rema
         }
         Err(SendError::Timeout(after)) => {
             let failure = TransportFailure::Timeout(format!("no response headers within {after:?}"));
-            return Attempt::Failure(classify::classify_transport(&failure), None);
+            let outcome = classify::classify_transport(&failure);
+            // Cut by the request's deadline, not by the upstream's
+            // header_timeout: the upstream was still working.
+            return if after < upstream.config.header_timeout {
+                Attempt::Ended(outcome)
+            } else {
+                Attempt::Failure(outcome, None)
+            };
         }
     };
     if !resp.status().is_success() {
@@ -420,7 +444,7 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, rema
             }
             Err(_) => {
                 let failure = TransportFailure::Timeout("the answer body did not arrive before the deadline".into());
-                return Attempt::Failure(classify::classify_transport(&failure), None);
+                return Attempt::Ended(classify::classify_transport(&failure));
             }
         };
         if let Some(error) = protocol.failed_answer(&bytes) {
@@ -429,8 +453,7 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, rema
         parts.headers.remove(header::CONTENT_LENGTH);
         return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::read(bytes, protocol, name))));
     }
-    let wait = idle.min(job.deadline.saturating_duration_since(Instant::now()));
-    match handshake::handshake(incoming, protocol, wait).await {
+    match handshake::handshake(incoming, protocol, idle, job.deadline).await {
         Handshake::Open { inner, scanner, ready } => {
             let mut body = RelayBody::sse(inner, idle, scanner, ready, protocol, name);
             let route = job.gw.config.models.get_index(job.route).map(|(_, r)| r);
@@ -453,6 +476,10 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, rema
         Handshake::Broken(detail) => {
             let failure = TransportFailure::Connection(format!("stream broke before any content: {detail}"));
             Attempt::Failure(classify::classify_transport(&failure), None)
+        }
+        Handshake::Deadline => {
+            let failure = TransportFailure::Timeout("the stream sent no content before the deadline".into());
+            Attempt::Ended(classify::classify_transport(&failure))
         }
     }
 }

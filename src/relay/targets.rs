@@ -182,6 +182,12 @@ impl<'a> Targets<'a> {
         first
     }
 
+    /// Failed attempts made on target `i`'s upstream so far.
+    pub fn attempts_on(&self, i: usize) -> u32 {
+        let upstream = self.route.targets[i].upstream;
+        self.tried.iter().find(|t| t.upstream == upstream).map_or(0, |t| t.attempts)
+    }
+
     /// Records a failed attempt on target `i`.
     pub fn failed(&mut self, i: usize, class: Class, last: &str) {
         let upstream = self.route.targets[i].upstream;

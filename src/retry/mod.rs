@@ -25,7 +25,7 @@ pub struct Policy {
 
 impl Default for Policy {
     fn default() -> Self {
-        Self { max_attempts: 6, base_delay: Duration::from_millis(500), max_delay: Duration::from_secs(30) }
+        Self { max_attempts: 6, base_delay: Duration::from_millis(500), max_delay: Duration::from_secs(8) }
     }
 }
 
@@ -34,14 +34,18 @@ impl Default for Policy {
 pub struct Situation<'a> {
     /// What the last attempt's answer meant.
     pub outcome: &'a Outcome,
-    /// Attempts made so far, the last one included.
+    /// Attempts made so far on every target, the last one included.
     pub attempts: u32,
+    /// Attempts made on the last attempt's target, the last one included:
+    /// attempt limits count per target, and the backoff grows with it.
+    pub target_attempts: u32,
     /// Request-wide policy.
     pub policy: &'a Policy,
     /// Time left before the request's deadline.
     pub remaining: Duration,
-    /// The upstream's retry budget allows one more blind retry.
-    pub budget_ok: bool,
+    /// How long until the upstream's retry budget has room for a blind
+    /// retry (zero: now).
+    pub budget_wait: Duration,
     /// The request already passed through another tidegate: that one retries.
     pub chained: bool,
     /// Another target of the alias is available right now.
@@ -62,11 +66,14 @@ pub enum Decision {
     Retry {
         /// The wait.
         wait: Duration,
-        /// Who asked for the wait: the provider, a rule, or tidegate's backoff.
+        /// Who asked for the wait: the provider, a rule, tidegate's backoff
+        /// or its retry budget.
         source: WaitSource,
     },
     /// Try the alias's next target at once, the same bytes but its model.
     NextTarget,
+    /// This target used its attempts: leave it out, go on with the others.
+    LeaveTarget,
     /// A concurrency refusal while others hold slots: wait in the
     /// upstream's queue (whose limit was just lowered) for a free slot.
     Requeue,
@@ -83,35 +90,45 @@ pub enum GiveUp {
     ProviderSaidNo,
     /// A tidegate in front of this one does the retrying.
     Chained,
-    /// Attempt limit reached.
+    /// Every target left used its attempts (transient failures, or a
+    /// rule's `max_attempts`).
     Exhausted,
-    /// The upstream's retry budget is spent (outage protection).
-    BudgetSpent,
     /// Every target left has an open circuit breaker; `wait` is the time
     /// until the first probe is due.
     BreakerOpen {
         /// Until the first probe.
         wait: Duration,
     },
-    /// The wait needed exceeds the time left; `wait` is what a client
-    /// should wait before trying again.
+    /// The next attempt cannot start before the deadline: `wait` is what a
+    /// client should wait before trying again, and `source` who asked for
+    /// it (never the provider unless it did).
     BeyondDeadline {
         /// The wait that did not fit.
         wait: Duration,
+        /// Who asked for it.
+        source: WaitSource,
     },
+    /// The deadline passed while an attempt was still under way (the
+    /// upstream was working, not failing).
+    DeadlinePassed,
 }
 
 /// Decides the next step after a failed attempt. Pure.
+///
+/// A capacity error ends a request only at its deadline: it has no
+/// attempt limit of its own (a retry rule's `max_attempts` still applies,
+/// per target), and the retry budget delays a blind retry instead of
+/// refusing it. Transient failures get `max_attempts` per target. A
+/// backoff that would outlast the deadline is clipped so one last attempt
+/// starts with `base_delay` to spare; a provider's or a rule's wait is
+/// never shortened.
 pub fn decide(s: &Situation<'_>) -> Decision {
     let outcome = s.outcome;
     let rule = outcome.rule.as_ref().filter(|r| !r.fatal);
-    let max_attempts = rule.and_then(|r| r.max_attempts).unwrap_or(s.policy.max_attempts);
     match outcome.class {
         Class::Request => return Decision::GiveUp(GiveUp::NotRetryable),
         // Not on this target; another may serve the same request.
-        Class::Auth | Class::Entitlement if s.other_target_left && !s.chained && s.attempts < max_attempts => {
-            return Decision::NextTarget;
-        }
+        Class::Auth | Class::Entitlement if s.other_target_left && !s.chained => return Decision::NextTarget,
         Class::Auth | Class::Entitlement => return Decision::GiveUp(GiveUp::NotRetryable),
         Class::Capacity | Class::Transient => {}
     }
@@ -121,8 +138,13 @@ pub fn decide(s: &Situation<'_>) -> Decision {
     if outcome.hints.should_retry == Some(false) && rule.is_none() {
         return Decision::GiveUp(GiveUp::ProviderSaidNo);
     }
-    if s.attempts >= max_attempts {
-        return Decision::GiveUp(GiveUp::Exhausted);
+    let limit = match (rule.and_then(|r| r.max_attempts), outcome.class) {
+        (Some(limit), _) => Some(limit),
+        (None, Class::Transient) => Some(s.policy.max_attempts),
+        (None, Class::Capacity | Class::Request | Class::Auth | Class::Entitlement) => None,
+    };
+    if limit.is_some_and(|limit| s.target_attempts >= limit) {
+        return if s.other_target_left { Decision::LeaveTarget } else { Decision::GiveUp(GiveUp::Exhausted) };
     }
     // Busy or broken here, free elsewhere: move on without waiting.
     if s.other_target_ready {
@@ -135,17 +157,32 @@ pub fn decide(s: &Situation<'_>) -> Decision {
     let (wait, source) = match (outcome.hints.retry_after, rule.and_then(|r| r.delay)) {
         (Some(hint), _) => (hint, WaitSource::Provider(outcome.hints.source.unwrap_or("retry-after"))),
         (None, Some(delay)) => (delay, WaitSource::Rule),
-        (None, None) => (backoff(s.attempts, s.policy, s.jitter), WaitSource::Backoff),
+        // The backoff grows with the attempts on this target: moving on to
+        // another target is not a reason to wait longer here.
+        (None, None) => (backoff(s.target_attempts, s.policy, s.jitter), WaitSource::Backoff),
     };
-    // The budget limits blind retries; a wait the provider or the operator
-    // asked for is already paced.
-    if source == WaitSource::Backoff && !s.budget_ok {
-        return Decision::GiveUp(GiveUp::BudgetSpent);
+    match source {
+        // A wait the provider or the operator asked for is honoured as is.
+        WaitSource::Provider(_) | WaitSource::Rule | WaitSource::Budget if wait >= s.remaining => {
+            Decision::GiveUp(GiveUp::BeyondDeadline { wait, source })
+        }
+        WaitSource::Provider(_) | WaitSource::Rule | WaitSource::Budget => Decision::Retry { wait, source },
+        WaitSource::Backoff => {
+            // The last attempt starts with this much of the deadline left.
+            let spare = s.policy.base_delay;
+            let Some(latest) = s.remaining.checked_sub(spare).filter(|l| !l.is_zero()) else {
+                return Decision::GiveUp(GiveUp::BeyondDeadline { wait, source });
+            };
+            if s.budget_wait > latest {
+                // Blind retries are paced; the next free one is too late.
+                return Decision::GiveUp(GiveUp::BeyondDeadline { wait: s.budget_wait, source: WaitSource::Budget });
+            }
+            if s.budget_wait > wait {
+                return Decision::Retry { wait: s.budget_wait, source: WaitSource::Budget };
+            }
+            Decision::Retry { wait: wait.min(latest), source }
+        }
     }
-    if wait >= s.remaining {
-        return Decision::GiveUp(GiveUp::BeyondDeadline { wait });
-    }
-    Decision::Retry { wait, source }
 }
 
 /// Exponential backoff with full jitter: after attempt `n`, a wait drawn

@@ -24,9 +24,10 @@ fn situation<'a>(o: &'a Outcome, p: &'a Policy, attempts: u32) -> Situation<'a> 
     Situation {
         outcome: o,
         attempts,
+        target_attempts: attempts,
         policy: p,
         remaining: Duration::from_secs(120),
-        budget_ok: true,
+        budget_wait: Duration::ZERO,
         chained: false,
         other_target_ready: false,
         other_target_left: false,
@@ -157,13 +158,15 @@ fn decisions_by_class_and_situation() {
     }
     let cap = outcome(Class::Capacity);
     assert!(matches!(decide(&situation(&cap, &p, 1)), Decision::Retry { source: WaitSource::Backoff, .. }));
-    assert_eq!(decide(&situation(&cap, &p, 6)), Decision::GiveUp(GiveUp::Exhausted));
+    // Capacity has no attempt limit: the deadline ends it.
+    assert!(matches!(decide(&situation(&cap, &p, 60)), Decision::Retry { .. }));
+    // Transient failures get max_attempts per target.
+    let broken = outcome(Class::Transient);
+    assert!(matches!(decide(&situation(&broken, &p, 5)), Decision::Retry { .. }));
+    assert_eq!(decide(&situation(&broken, &p, 6)), Decision::GiveUp(GiveUp::Exhausted));
     let mut s = situation(&cap, &p, 1);
     s.chained = true;
     assert_eq!(decide(&s), Decision::GiveUp(GiveUp::Chained));
-    let mut s = situation(&cap, &p, 1);
-    s.budget_ok = false;
-    assert_eq!(decide(&s), Decision::GiveUp(GiveUp::BudgetSpent));
 
     let mut no = outcome(Class::Capacity);
     no.hints.should_retry = Some(false);
@@ -175,11 +178,79 @@ fn decisions_by_class_and_situation() {
     long.hints.source = Some("retry-after");
     let mut s = situation(&long, &p, 1);
     s.remaining = Duration::from_secs(30);
-    assert_eq!(decide(&s), Decision::GiveUp(GiveUp::BeyondDeadline { wait: Duration::from_secs(300) }));
-    // The budget does not cut a wait the provider asked for.
+    assert_eq!(
+        decide(&s),
+        Decision::GiveUp(GiveUp::BeyondDeadline {
+            wait: Duration::from_secs(300),
+            source: WaitSource::Provider("retry-after")
+        })
+    );
+    // The budget does not delay a wait the provider asked for.
     s.remaining = Duration::from_secs(600);
-    s.budget_ok = false;
-    assert!(matches!(decide(&s), Decision::Retry { .. }));
+    s.budget_wait = Duration::from_secs(500);
+    assert_eq!(
+        decide(&s),
+        Decision::Retry { wait: Duration::from_secs(300), source: WaitSource::Provider("retry-after") }
+    );
+}
+
+#[test]
+fn the_budget_paces_blind_retries_and_ends_them_only_at_the_deadline() {
+    let p = Policy::default();
+    let cap = outcome(Class::Capacity);
+    // (budget wait, time left) → decision; backoff at attempt 1 is 500 ms.
+    let cases: &[(u64, u64, Decision)] = &[
+        // Room now: the backoff.
+        (0, 30_000, Decision::Retry { wait: Duration::from_millis(500), source: WaitSource::Backoff }),
+        // No room for 3 s: wait for it, said to be the budget's wait.
+        (3_000, 30_000, Decision::Retry { wait: Duration::from_secs(3), source: WaitSource::Budget }),
+        // A budget wait shorter than the backoff changes nothing.
+        (200, 30_000, Decision::Retry { wait: Duration::from_millis(500), source: WaitSource::Backoff }),
+        // The next free retry is too late to start before the deadline
+        // (with base_delay to spare): the request ends now, saying whose
+        // wait it was and how long.
+        (
+            29_800,
+            30_000,
+            Decision::GiveUp(GiveUp::BeyondDeadline {
+                wait: Duration::from_millis(29_800),
+                source: WaitSource::Budget,
+            }),
+        ),
+    ];
+    for (budget, left, want) in cases {
+        let s = Situation {
+            budget_wait: Duration::from_millis(*budget),
+            remaining: Duration::from_millis(*left),
+            ..situation(&cap, &p, 1)
+        };
+        assert_eq!(&decide(&s), want, "budget {budget} ms, {left} ms left");
+    }
+}
+
+#[test]
+fn a_backoff_longer_than_the_time_left_is_clipped_to_one_last_attempt() {
+    let p = Policy { max_attempts: 6, base_delay: Duration::from_millis(500), max_delay: Duration::from_secs(30) };
+    let cap = outcome(Class::Capacity);
+    // Attempt 8: backoff up to 30 s; 4 s left → wait 3.5 s, then one last
+    // attempt with base_delay to spare.
+    let s = Situation { remaining: Duration::from_secs(4), jitter: 1.0, ..situation(&cap, &p, 8) };
+    assert_eq!(decide(&s), Decision::Retry { wait: Duration::from_millis(3500), source: WaitSource::Backoff });
+    // After that last attempt less than base_delay is left: the end, and
+    // the wait is tidegate's own, never attributed to the provider.
+    let s = Situation { remaining: Duration::from_millis(400), jitter: 1.0, ..situation(&cap, &p, 9) };
+    match decide(&s) {
+        Decision::GiveUp(GiveUp::BeyondDeadline { source, .. }) => assert_eq!(source, WaitSource::Backoff),
+        other => panic!("{other:?}"),
+    }
+    // A rule's delay is the operator's: honoured, or the end.
+    let mut ruled = outcome(Class::Capacity);
+    ruled.rule = Some(RuleMatch { fatal: false, index: 0, delay: Some(Duration::from_secs(10)), max_attempts: None });
+    let s = Situation { remaining: Duration::from_secs(4), ..situation(&ruled, &p, 1) };
+    assert_eq!(
+        decide(&s),
+        Decision::GiveUp(GiveUp::BeyondDeadline { wait: Duration::from_secs(10), source: WaitSource::Rule })
+    );
 }
 
 #[test]
@@ -205,9 +276,9 @@ fn concurrency_refusals_requeue_only_when_others_hold_slots() {
     assert!(matches!(decide(&s), Decision::Retry { source: WaitSource::Backoff, .. }));
     s.others_in_flight = true;
     assert_eq!(decide(&s), Decision::Requeue);
-    // Attempts still count.
-    let s6 = Situation { attempts: 6, ..s.clone() };
-    assert_eq!(decide(&s6), Decision::GiveUp(GiveUp::Exhausted));
+    // Capacity refusals have no attempt limit: still requeued.
+    let s6 = Situation { attempts: 6, target_attempts: 6, ..s.clone() };
+    assert_eq!(decide(&s6), Decision::Requeue);
     // A provider's explicit wait is honoured instead.
     o.hints.retry_after = Some(Duration::from_secs(1));
     let s = Situation { outcome: &o, others_in_flight: true, ..situation(&o, &p, 1) };
@@ -232,7 +303,14 @@ fn other_targets_are_tried_before_waiting() {
     let req = outcome(Class::Request);
     let s = Situation { other_target_ready: true, other_target_left: true, ..situation(&req, &p, 1) };
     assert_eq!(decide(&s), Decision::GiveUp(GiveUp::NotRetryable));
-    // Attempts bound failover too.
-    let s = Situation { other_target_ready: true, other_target_left: true, ..situation(&cap, &p, 6) };
+    // A target that used its attempts (transient) is left for the others;
+    // the last one ends the request.
+    let broken = outcome(Class::Transient);
+    let s = Situation { other_target_ready: true, other_target_left: true, ..situation(&broken, &p, 6) };
+    assert_eq!(decide(&s), Decision::LeaveTarget);
+    let s = Situation { other_target_left: false, ..situation(&broken, &p, 6) };
     assert_eq!(decide(&s), Decision::GiveUp(GiveUp::Exhausted));
+    // Attempts count per target: 12 in all, 2 here, go on.
+    let s = Situation { attempts: 12, target_attempts: 2, ..situation(&broken, &p, 12) };
+    assert!(matches!(decide(&s), Decision::Retry { .. }));
 }

@@ -51,6 +51,9 @@ pub struct Behavior {
     pub error_content_type: String,
     /// Wait between a stream's headers and its first event.
     pub first_chunk_delay_ms: u64,
+    /// During `first_chunk_delay_ms`, send an SSE comment (`: ping`) this
+    /// often: an upstream that keeps a stream alive without content.
+    pub ping_every_ms: Option<u64>,
     /// Cut the connection after this many stream events (a mid-stream drop).
     pub drop_after: Option<usize>,
     /// Refuse requests whenever more than this many to this model are in
@@ -163,6 +166,7 @@ impl Default for Behavior {
             error_body: String::new(),
             error_content_type: "application/json".into(),
             first_chunk_delay_ms: 0,
+            ping_every_ms: None,
             drop_after: None,
             reject_over: None,
             over_limit: None,
@@ -492,7 +496,13 @@ async fn answer(state: Arc<SimState>, endpoint: Endpoint, req: Request) -> Respo
             frames.push(Bytes::from(error_frame(protocol, error)));
         }
         let first = Duration::from_millis(behavior.first_chunk_delay_ms);
+        let pings = behavior
+            .ping_every_ms
+            .filter(|_| !first.is_zero())
+            .map(|every| (Duration::from_millis(every.max(1)), tokio::time::Instant::now() + first));
+        let first = pings.map_or(first, |(every, _)| every.min(first));
         let body = SseBody {
+            pings,
             frames: frames.into_iter(),
             delay: Duration::from_millis(behavior.chunk_delay_ms),
             sleep: (!first.is_zero()).then(|| Box::pin(tokio::time::sleep(first))),
@@ -760,6 +770,8 @@ fn stream_frames(protocol: Protocol, id: &str, model: &str, start: usize, chunks
 /// An SSE body that sends its frames with a delay between them and counts
 /// the request cancelled if dropped before the last one.
 struct SseBody {
+    /// Comments to send, every so often, until the first event is due.
+    pings: Option<(Duration, tokio::time::Instant)>,
     frames: std::vec::IntoIter<Bytes>,
     delay: Duration,
     sleep: Option<Pin<Box<Sleep>>>,
@@ -780,6 +792,14 @@ impl http_body::Body for SseBody {
                 return Poll::Pending;
             }
             this.sleep = None;
+        }
+        if let Some((every, until)) = this.pings {
+            let now = tokio::time::Instant::now();
+            if now < until {
+                this.sleep = Some(Box::pin(tokio::time::sleep_until((now + every).min(until))));
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b": ping\n\n")))));
+            }
+            this.pings = None;
         }
         if this.drop_after.is_some_and(|n| this.sent >= n) {
             // Pause once so hyper flushes what was sent, then fail: an

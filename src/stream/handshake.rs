@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use tokio::time::Instant;
 
 use super::PARTIAL_CAP;
 use super::sse::Scanner;
@@ -35,14 +36,19 @@ pub enum Handshake {
     Empty,
     /// The connection failed or went silent before any content.
     Broken(String),
+    /// The request's deadline came first (keep-alives do not extend it).
+    Deadline,
 }
 
-/// Reads `inner` up to its first meaningful event; `wait` bounds each gap.
-pub async fn handshake(mut inner: Incoming, protocol: Protocol, wait: Duration) -> Handshake {
+/// Reads `inner` up to its first meaningful event; `idle` bounds each gap,
+/// `deadline` the whole handshake (comments and pings do not extend it).
+pub async fn handshake(mut inner: Incoming, protocol: Protocol, idle: Duration, deadline: Instant) -> Handshake {
     let mut scanner = Scanner::new(protocol, PARTIAL_CAP);
     loop {
-        let frame = match tokio::time::timeout(wait, inner.frame()).await {
-            Err(_) => return Handshake::Broken(format!("no event within {wait:?}")),
+        let gap = Instant::now() + idle;
+        let frame = match tokio::time::timeout_at(gap.min(deadline), inner.frame()).await {
+            Err(_) if deadline <= gap => return Handshake::Deadline,
+            Err(_) => return Handshake::Broken(format!("no event within {idle:?}")),
             Ok(None) => return Handshake::Empty,
             Ok(Some(Err(err))) => return Handshake::Broken(format!("connection failed: {err}")),
             Ok(Some(Ok(frame))) => frame,
