@@ -60,6 +60,21 @@ pub enum GatewayError {
         /// Estimated from the drain rate.
         retry_after: std::time::Duration,
     },
+    /// The client did not send its body within `body_timeout`.
+    #[error("the request body did not arrive within {}s", limit.as_secs())]
+    BodyTimeout {
+        /// The configured limit.
+        limit: std::time::Duration,
+    },
+    /// Keyless mode and a request from a foreign host or web page.
+    #[error("{0}")]
+    Forbidden(String),
+    /// A known path with a method it does not serve.
+    #[error("method not allowed: {0}")]
+    WrongMethod(String),
+    /// The gateway is shutting down: requests go elsewhere.
+    #[error("this tidegate is shutting down; send the request again (to another replica)")]
+    ShuttingDown,
     /// `x-tidegate-deadline` is not a duration.
     #[error("x-tidegate-deadline: {0:?} is not a duration like 30s")]
     BadDeadline(String),
@@ -79,6 +94,12 @@ impl GatewayError {
             GatewayError::GaveUp { status, kind, .. } => (*status, *kind, Some("upstream_unavailable")),
             GatewayError::BadDeadline(_) => (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None),
             GatewayError::QueueFull { .. } => (StatusCode::TOO_MANY_REQUESTS, ErrorKind::RateLimit, Some("queue_full")),
+            GatewayError::ShuttingDown => {
+                (StatusCode::SERVICE_UNAVAILABLE, ErrorKind::Overloaded, Some("shutting_down"))
+            }
+            GatewayError::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, ErrorKind::Timeout, None),
+            GatewayError::Forbidden(_) => (StatusCode::FORBIDDEN, ErrorKind::Authentication, Some("forbidden")),
+            GatewayError::WrongMethod(_) => (StatusCode::METHOD_NOT_ALLOWED, ErrorKind::InvalidRequest, None),
         }
     }
 
@@ -111,6 +132,13 @@ impl GatewayError {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let GatewayError::QueueFull { retry_after, .. } = &self {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
+        }
+        if matches!(self, GatewayError::TooLarge { .. } | GatewayError::BodyTimeout { .. }) {
+            // What is left of the body is not read: this connection ends.
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if let GatewayError::ShuttingDown = &self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if let GatewayError::GaveUp { retry_after, stop_client_retries, .. } = &self {
             if let Some(wait) = retry_after {

@@ -7,6 +7,10 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::anomaly::Anomaly;
@@ -37,11 +41,18 @@ pub struct Gateway {
     /// saturation.
     pub sink: Arc<Sink>,
     /// Background work the request path starts (announcements to other
-    /// replicas) and the follower of theirs: owned here, so shutdown can
-    /// wait for them and none outlives the gateway.
+    /// replicas): owned here, so shutdown can wait for it.
     pub tasks: TaskTracker,
     /// Which upstream stores each Responses API response.
     pub pins: Pins,
+    /// A shutdown began: `/healthz` and new requests answer 503.
+    pub draining: AtomicBool,
+    /// The shutdown grace is over: streams still running end with their
+    /// protocol's error event, requests still waiting are answered 503.
+    pub closing: CancellationToken,
+    /// The task applying other replicas' announcements (stopped by
+    /// [`Gateway::finish`]).
+    follower: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Gateway {
@@ -75,10 +86,22 @@ impl Gateway {
             names: names.clone(),
             keep_partial: config.keep_partial,
             recent,
+            active: Default::default(),
         });
         let tasks = TaskTracker::new();
         let pins = Pins::new(config.response_pin_ttl, shared.clone(), names.clone(), tasks.clone());
-        Ok(Self { config, upstreams, aliases, anomaly, sink, tasks, pins })
+        Ok(Self {
+            config,
+            upstreams,
+            aliases,
+            anomaly,
+            sink,
+            tasks,
+            pins,
+            draining: AtomicBool::new(false),
+            closing: CancellationToken::new(),
+            follower: std::sync::Mutex::new(None),
+        })
     }
 
     /// Applies the cooldowns and open breakers other replicas announce to
@@ -89,7 +112,7 @@ impl Gateway {
             return;
         };
         let weak = Arc::downgrade(self);
-        self.tasks.spawn(async move {
+        let follower = tokio::spawn(async move {
             while let Some(event) = events.recv().await {
                 let Some(gw) = weak.upgrade() else { return };
                 if let Some(u) = gw.upstreams.iter().find(|u| u.config.name == event.upstream) {
@@ -98,5 +121,34 @@ impl Gateway {
                 }
             }
         });
+        if let Ok(mut slot) = self.follower.lock() {
+            *slot = Some(follower);
+        }
+    }
+
+    /// The end of a shutdown: waits (up to `limit` in all) for the
+    /// background work requests started — announcements, shared-store
+    /// updates, delayed slot releases, lease give-backs — and for every
+    /// journal row handed over to be written.
+    pub async fn finish(&self, limit: Duration) {
+        let until = tokio::time::Instant::now() + limit;
+        if let Some(follower) = self.follower.lock().ok().and_then(|mut f| f.take()) {
+            follower.abort();
+        }
+        let mut trackers = vec![&self.tasks];
+        for u in &self.upstreams {
+            trackers.push(u.limiter.tasks());
+            if let Some(shared) = &u.shared {
+                trackers.push(shared.background());
+            }
+        }
+        for t in trackers {
+            t.close();
+            let _ = tokio::time::timeout_at(until, t.wait()).await;
+        }
+        if let Some(journal) = self.sink.journal.clone() {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let _ = tokio::task::spawn_blocking(move || journal.flush(left)).await;
+        }
     }
 }

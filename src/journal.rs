@@ -187,6 +187,10 @@ pub struct Journal {
     tx: SyncSender<Record>,
     dropped: Arc<AtomicU64>,
     path: Arc<PathBuf>,
+    /// Rows handed to the writer, and rows it has written or dropped: a
+    /// flush waits until the second catches up with the first.
+    sent: Arc<AtomicU64>,
+    done: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -205,19 +209,39 @@ impl Journal {
         let (tx, rx) = sync_channel::<Record>(CHANNEL);
         let dropped = Arc::new(AtomicU64::new(0));
         let (file, counter) = (path.to_path_buf(), dropped.clone());
+        let done = Arc::new(AtomicU64::new(0));
+        let handled = done.clone();
         let spawned = std::thread::Builder::new()
             .name("tidegate-journal".into())
-            .spawn(move || writer(&file, &names, &retention, &rx, &counter));
+            .spawn(move || writer(&file, &names, &retention, &rx, &counter, &handled));
         if let Err(err) = spawned {
             tracing::error!(error = %err, "cannot start the journal writer; requests will not be journaled");
         }
-        Journal { tx, dropped, path: Arc::new(path.to_path_buf()) }
+        Journal { tx, dropped, path: Arc::new(path.to_path_buf()), sent: Default::default(), done }
+    }
+
+    /// Blocks until every row handed over so far is written (or dropped by
+    /// a failing disk), for up to `limit`: what a shutdown does last.
+    pub fn flush(&self, limit: Duration) -> bool {
+        let sent = self.sent.load(Ordering::Acquire);
+        let step = Duration::from_millis(10);
+        let mut waited = Duration::ZERO;
+        while self.done.load(Ordering::Acquire) < sent {
+            if waited >= limit {
+                return false;
+            }
+            std::thread::sleep(step);
+            waited += step;
+        }
+        true
     }
 
     /// Hands a record to the writer; never blocks.
     pub fn record(&self, row: Record) {
         match self.tx.try_send(row) {
-            Ok(()) => {}
+            Ok(()) => {
+                self.sent.fetch_add(1, Ordering::Release);
+            }
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
@@ -349,7 +373,14 @@ fn newest_key(path: &Path) -> u64 {
         .map_or(0, |k| k as u64)
 }
 
-fn writer(path: &Path, names: &[String], retention: &Retention, rx: &Receiver<Record>, dropped: &AtomicU64) {
+fn writer(
+    path: &Path,
+    names: &[String],
+    retention: &Retention,
+    rx: &Receiver<Record>,
+    dropped: &AtomicU64,
+    done: &AtomicU64,
+) {
     let mut conn: Option<Connection> = None;
     let mut warned = false;
     // Rows in the table (counted once at open, then tracked), and rows
@@ -384,11 +415,15 @@ fn writer(path: &Path, names: &[String], retention: &Retention, rx: &Receiver<Re
                         warned = true;
                     }
                     dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    done.fetch_add(batch.len() as u64, Ordering::Release);
                     continue;
                 }
             }
         }
-        let Some(c) = conn.as_mut() else { continue };
+        let Some(c) = conn.as_mut() else {
+            done.fetch_add(batch.len() as u64, Ordering::Release);
+            continue;
+        };
         // Requests end in a different order than they arrived; in key
         // order, the batch is appended at the B-tree's edge.
         batch.sort_unstable_by_key(|r| r.id.as_u64_pair().0);
@@ -403,6 +438,7 @@ fn writer(path: &Path, names: &[String], retention: &Retention, rx: &Receiver<Re
                 conn = None;
             }
         }
+        done.fetch_add(batch.len() as u64, Ordering::Release);
         if written >= 10_000 {
             written = 0;
             if let Some(c) = conn.as_ref() {

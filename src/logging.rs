@@ -20,6 +20,24 @@ const FLUSH_EVERY: Duration = Duration::from_millis(100);
 const FLUSH_AT: usize = 64 * 1024;
 const DROP_AT: usize = 4 * 1024 * 1024;
 
+/// A logged value a client chose (a model name, a path): control
+/// characters are written escaped (`\n` as `\u{a}`), so no value can
+/// forge a log line or make the log binary.
+pub struct Clean<'a>(pub &'a str);
+
+impl std::fmt::Display for Clean<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut rest = self.0;
+        while let Some(at) = rest.find(char::is_control) {
+            f.write_str(&rest[..at])?;
+            let c = rest[at..].chars().next().unwrap_or('\0');
+            write!(f, "{}", c.escape_unicode())?;
+            rest = &rest[at + c.len_utf8()..];
+        }
+        f.write_str(rest)
+    }
+}
+
 #[derive(Default)]
 struct Shared {
     buf: Mutex<Vec<u8>>,
@@ -167,5 +185,16 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         panic!("line not flushed within 1 s");
+    }
+}
+
+#[cfg(test)]
+mod clean_tests {
+    use super::Clean;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(Clean("gpt\nrequest id=forged\u{0}").to_string(), "gpt\\u{a}request id=forged\\u{0}");
+        assert_eq!(Clean("plain-model é").to_string(), "plain-model é");
     }
 }

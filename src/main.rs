@@ -230,14 +230,25 @@ fn serve(path: &Path, workers: Option<usize>, listen: Option<SocketAddr>) -> any
     if config.client_keys.is_empty() {
         tracing::warn!("no client_keys configured: any local client may use this gateway");
     }
+    // Each client connection and each upstream connection is a file
+    // descriptor: raise the soft limit to the hard one (a soft 1024 runs out
+    // long before max_connections).
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "open file limit"),
+        Err(err) => tracing::warn!(error = %err, "cannot raise the open file limit"),
+    }
     let rt = runtime(workers.unwrap_or(config.workers))?;
+    let grace = config.shutdown_grace;
     rt.block_on(async {
-        let running = tidegate::server::start(config).await?;
+        let mut running = tidegate::server::start(config).await?;
         tracing::info!(addr = %running.addr, "tidegate listening");
         tokio::select! {
-            _ = running.wait() => {}
-            _ = shutdown_signal() => tracing::info!("shutting down"),
+            () = running.wait() => return Ok(()),
+            () = shutdown_signal() => {}
         }
+        tracing::info!(grace = ?grace, "shutting down: /healthz answers 503, in-flight requests finish (a second signal ends at once)");
+        running.shutdown(grace, shutdown_signal()).await;
+        tracing::info!("shut down");
         Ok(())
     })
 }

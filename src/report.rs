@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use crate::classify::Class;
 use crate::journal::{Detail, Journal, Record, micros};
+use crate::logging::Clean;
 use crate::metrics::{Metrics, Sample};
 use crate::record::{AttemptLog, Outcome, Usage};
 
@@ -52,13 +53,14 @@ pub struct Report {
     pub partial: Option<String>,
     /// The client's volume was flagged as far above its baseline.
     pub anomaly: bool,
-    /// Where the record goes besides the log line.
-    pub sink: Option<Arc<Sink>>,
+    /// Where the record goes besides the log line (counted as in flight
+    /// there until finished: see [`Report::into`]).
+    sink: Option<Arc<Sink>>,
     finished: bool,
 }
 
 /// Where a finished report goes: the journal and the metrics.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Sink {
     /// The journal, unless it is off.
     pub journal: Option<Journal>,
@@ -70,6 +72,24 @@ pub struct Sink {
     pub keep_partial: bool,
     /// The dashboard's recent buckets.
     pub recent: Arc<crate::recent::Recent>,
+    /// Requests whose report is not finished yet (streams included): what
+    /// a graceful shutdown waits for.
+    pub active: std::sync::atomic::AtomicUsize,
+}
+
+impl Sink {
+    /// Requests not finished yet.
+    pub fn active(&self) -> usize {
+        self.active.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Resolves once no request is in flight (polled every 20 ms; callers
+    /// bound the wait).
+    pub async fn idle(&self) {
+        while self.active() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
 }
 
 impl Report {
@@ -94,6 +114,14 @@ impl Report {
             sink: None,
             finished: false,
         }
+    }
+
+    /// Sends this report to `sink` when it finishes, counting the request
+    /// as in flight until then.
+    pub fn into(mut self, sink: Arc<Sink>) -> Self {
+        sink.active.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.sink = Some(sink);
+        self
     }
 
     fn count(&self, outcome: Outcome, sink: &Sink) {
@@ -161,6 +189,7 @@ impl Report {
         let sink = self.sink.take();
         if let Some(sink) = &sink {
             self.count(outcome, sink);
+            sink.active.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
         self.log_line(outcome);
         // Last: the journal's record takes the strings the report owns.
@@ -176,6 +205,12 @@ impl Report {
         if !tracing::enabled!(tracing::Level::INFO) {
             return;
         }
+        tracing::info!("{}", self.line(outcome));
+    }
+
+    /// The request's log line; every value a client chose is escaped
+    /// ([`Clean`]), so it stays one line of text.
+    fn line(&self, outcome: Outcome) -> String {
         // One line, formatted in one pass: the structured record is the
         // journal's; a field-by-field log event costs a proxy measurable
         // throughput (bench/).
@@ -186,10 +221,10 @@ impl Report {
             line,
             "request id={} client={} model={} stream={} upstream={} attempts={} status={} outcome={} class={} ms={:.2} ttfb_ms={:.2} queue_ms={:.2} tokens_in={} tokens_out={}",
             self.id,
-            self.client.as_deref().unwrap_or("-"),
-            self.model.as_deref().unwrap_or("-"),
+            Clean(self.client.as_deref().unwrap_or("-")),
+            Clean(self.model.as_deref().unwrap_or("-")),
             self.stream,
-            self.upstream.as_deref().unwrap_or("-"),
+            Clean(self.upstream.as_deref().unwrap_or("-")),
             self.attempts.len(),
             self.status,
             outcome.as_str(),
@@ -203,7 +238,7 @@ impl Report {
         if let Some(error) = &self.error {
             let _ = write!(line, " error={error:?}");
         }
-        tracing::info!("{line}");
+        line
     }
 }
 
@@ -214,5 +249,21 @@ impl Drop for Report {
         if !self.finished {
             self.write(Outcome::Cancelled);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forged_model_name_stays_on_its_line() {
+        let mut report = Report::new(uuid::Uuid::nil(), Instant::now());
+        report.model = Some(Arc::from("gpt\n2026-01-01 INFO request id=forged\u{0}"));
+        report.error = Some("bad\r\nthing".into());
+        let line = report.line(Outcome::Rejected);
+        assert!(!line.contains('\n') && !line.contains('\r') && !line.contains('\0'), "{line}");
+        assert!(line.contains("model=gpt\\u{a}2026"), "{line}");
+        report.finish(Outcome::Rejected);
     }
 }

@@ -139,7 +139,10 @@ async fn client_gone_while_queued_never_reaches_the_upstream() {
     eventually("first request upstream", || sim.state.received().len() == 1).await;
     let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let body = r#"{"model":"gpt"}"#;
-    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
     conn.write_all(req.as_bytes()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
     drop(conn);

@@ -21,7 +21,7 @@ async fn disconnect_while_waiting_for_headers_cancels_upstream() {
     let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let body = r#"{"model":"slow"}"#;
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     conn.write_all(req.as_bytes()).await.unwrap();

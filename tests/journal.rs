@@ -105,7 +105,7 @@ async fn every_outcome_is_recorded_and_survives_a_restart() {
     let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let body = r#"{"model":"slow"}"#;
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {CLIENT_KEY}\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {CLIENT_KEY}\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     conn.write_all(req.as_bytes()).await.unwrap();

@@ -166,7 +166,10 @@ async fn no_attempt_after_the_client_is_gone() {
     let gw = gateway(&yaml(&sim, top, "", "")).await;
     let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let body = r#"{"model":"gpt"}"#;
-    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
     conn.write_all(req.as_bytes()).await.unwrap();
     eventually("first attempt", || sim.state.received().len() == 1).await;
     drop(conn);

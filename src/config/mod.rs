@@ -43,14 +43,24 @@ pub struct Config {
     pub workers: usize,
     /// Largest accepted request body in bytes.
     pub max_body: usize,
+    /// Time a client has to send its whole request body.
+    pub body_timeout: Duration,
+    /// Most client connections open at once.
+    pub max_connections: usize,
+    /// Largest single SSE event accepted from an upstream.
+    pub max_stream_event: usize,
     /// Accepted client keys; empty disables client auth (loopback only).
     pub client_keys: Vec<ClientKey>,
+    /// Without client keys: Hosts and Origins served besides loopback.
+    pub allowed_origins: Vec<String>,
     /// Key for `/admin`; `None` disables it.
     pub admin_key: Option<Secret>,
     /// Redis URL for limits shared by replicas (may hold a password).
     pub state: Option<Secret>,
     /// Lease lifetime without renewal in shared state.
     pub state_lease_ttl: Duration,
+    /// How long a shutdown lets in-flight requests finish.
+    pub shutdown_grace: Duration,
     /// How long a stored response stays pinned to its upstream.
     pub response_pin_ttl: Duration,
     /// Journal file; `None` when journaling is off.

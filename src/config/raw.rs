@@ -20,6 +20,15 @@ pub struct RawConfig {
     /// Largest request body accepted, e.g. `32MiB` or a number of bytes.
     #[serde(default)]
     pub max_body: Option<RawSize>,
+    /// Time a client has to send its whole request body.
+    #[serde(default)]
+    pub body_timeout: Option<String>,
+    /// Most client connections open at once; beyond, new ones get a 503.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Largest single SSE event accepted from an upstream.
+    #[serde(default)]
+    pub max_stream_event: Option<RawSize>,
     /// Request-wide defaults: deadline and retry policy.
     #[serde(default)]
     pub defaults: RawDefaults,
@@ -53,6 +62,9 @@ pub struct RawConfig {
     /// How long a replica's concurrency lease lives without renewal.
     #[serde(default)]
     pub state_lease_ttl: Option<String>,
+    /// How long a shutdown lets in-flight requests finish.
+    #[serde(default)]
+    pub shutdown_grace: Option<String>,
     /// How long tidegate remembers which upstream stores a Responses API
     /// response (for `previous_response_id`).
     #[serde(default)]
@@ -60,6 +72,10 @@ pub struct RawConfig {
     /// Keys clients must present; empty means no client auth (loopback only).
     #[serde(default)]
     pub client_keys: Vec<RawClientKey>,
+    /// Without client_keys: Host names and Origins (besides loopback) whose
+    /// requests are served.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
     /// The providers tidegate forwards to.
     #[serde(default)]
     pub upstreams: Vec<RawUpstream>,

@@ -50,14 +50,19 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
             None
         }
     };
-    let max_body = match &raw.max_body {
-        None => DEFAULT_MAX_BODY,
-        Some(RawSize::Bytes(n)) => usize::try_from(*n).unwrap_or(usize::MAX),
-        Some(RawSize::Text(t)) => parse_size(t).unwrap_or_else(|| {
-            problems.push(format!("max_body: {t:?} is not a size like 32MiB"));
-            DEFAULT_MAX_BODY
-        }),
-    };
+    let max_body = size("max_body", &raw.max_body, DEFAULT_MAX_BODY, problems);
+    if max_body == 0 {
+        problems.push("max_body: must be more than 0 (no request would fit)".into());
+    }
+    let max_stream_event = size("max_stream_event", &raw.max_stream_event, 16 << 20, problems);
+    if max_stream_event < 1024 {
+        problems.push("max_stream_event: must be at least 1KiB".into());
+    }
+    let body_timeout = duration("body_timeout", &raw.body_timeout, Duration::from_secs(60), problems);
+    let max_connections = raw.max_connections.unwrap_or(10_000);
+    if max_connections == 0 {
+        problems.push("max_connections: must be more than 0".into());
+    }
 
     let client_keys = client_keys(&raw, problems);
     if let Some(addr) = listen {
@@ -147,6 +152,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
     }
     let response_pin_ttl =
         duration("response_pin_ttl", &raw.response_pin_ttl, Duration::from_secs(30 * 24 * 3600), problems);
+    let shutdown_grace = duration("shutdown_grace", &raw.shutdown_grace, Duration::from_secs(30), problems);
     let listen = listen?;
     if upstreams.len() != raw.upstreams.len() {
         return None;
@@ -155,10 +161,14 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         listen,
         workers: raw.workers,
         max_body,
+        body_timeout,
+        max_connections,
+        max_stream_event,
         admin_key: raw.admin_key.as_deref().filter(|k| !k.is_empty()).map(Secret::new),
         state,
         state_lease_ttl,
         response_pin_ttl,
+        shutdown_grace,
         journal: match raw.journal.as_deref() {
             Some("off") | Some("") => None,
             Some(path) => Some(path.into()),
@@ -168,6 +178,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         keep_partial: raw.keep_partial.unwrap_or(true),
         anomaly,
         client_keys,
+        allowed_origins: raw.allowed_origins.clone(),
         upstreams,
         models,
         patterns,
@@ -425,6 +436,18 @@ fn pattern_order(models: &IndexMap<String, ModelRoute>, problems: &mut Vec<Strin
         }
     }
     order
+}
+
+/// A size field: bytes or a number with a unit; `default` when absent.
+fn size(path: &str, raw: &Option<RawSize>, default: usize, problems: &mut Vec<String>) -> usize {
+    match raw {
+        None => default,
+        Some(RawSize::Bytes(n)) => usize::try_from(*n).unwrap_or(usize::MAX),
+        Some(RawSize::Text(t)) => parse_size(t).unwrap_or_else(|| {
+            problems.push(format!("{path}: {t:?} is not a size like 32MiB"));
+            default
+        }),
+    }
 }
 
 /// Parses `32MiB`, `512KiB`, `1GiB`, `10MB`, `2048` into bytes.

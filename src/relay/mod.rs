@@ -188,7 +188,9 @@ pub async fn relay(job: Job) -> Relayed {
                     WaitSource::Backoff | WaitSource::Budget => upstream.budget.reserve(Instant::now() + wait),
                     WaitSource::Provider(_) | WaitSource::Rule => Instant::now() + wait,
                 };
-                tokio::time::sleep_until(go).await;
+                if run.unless_closing(tokio::time::sleep_until(go)).await.is_none() {
+                    return run.closed(ti);
+                }
             }
             Decision::LeaveTarget => {
                 tracing::debug!(upstream = %run.upstream(ti).config.name, "attempts used here: trying the other targets");
@@ -222,6 +224,20 @@ impl Run<'_> {
         &self.job.gw.upstreams[self.targets.upstream(ti)]
     }
 
+    /// Runs `wait` unless the shutdown grace ends first (`None`).
+    async fn unless_closing<T>(&self, wait: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            biased;
+            out = wait => Some(out),
+            () = self.job.gw.closing.cancelled() => None,
+        }
+    }
+
+    /// The answer to a request still waiting when the shutdown grace ends.
+    fn closed(&mut self, ti: usize) -> Relayed {
+        self.stop(Answer::Gateway(crate::error::GatewayError::ShuttingDown), Some(ti))
+    }
+
     fn stop(&mut self, answer: Answer, ti: Option<usize>) -> Relayed {
         Relayed {
             answer,
@@ -240,7 +256,9 @@ impl Run<'_> {
                 // The provider asked for nothing before `until`: wait for
                 // it within the deadline, else say so at once with that wait.
                 Pick::HoldUntil(until) if until < self.job.deadline => {
-                    tokio::time::sleep_until(until).await;
+                    if self.unless_closing(tokio::time::sleep_until(until)).await.is_none() {
+                        return Err(self.closed(0));
+                    }
                     continue;
                 }
                 Pick::HoldUntil(until) => {
@@ -270,7 +288,9 @@ impl Run<'_> {
         }
         self.job.progress.attempt(index);
         let queued_at = Instant::now();
-        match upstream.limiter.acquire(&self.job.client, tokens, self.job.deadline).await {
+        let acquired = self.unless_closing(upstream.limiter.acquire(&self.job.client, tokens, self.job.deadline)).await;
+        let Some(acquired) = acquired else { return Err(self.closed(ti)) };
+        match acquired {
             Ok(permit) => {
                 self.queue_wait += queued_at.elapsed();
                 Ok((permit, upstream.limiter.in_flight()))
@@ -453,9 +473,10 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, rema
         parts.headers.remove(header::CONTENT_LENGTH);
         return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::read(bytes, protocol, name))));
     }
-    match handshake::handshake(incoming, protocol, idle, job.deadline).await {
+    match handshake::handshake(incoming, protocol, idle, job.deadline, job.gw.config.max_stream_event).await {
         Handshake::Open { inner, scanner, ready } => {
             let mut body = RelayBody::sse(inner, idle, scanner, ready, protocol, name);
+            body.close_with(&job.gw.closing);
             let route = job.gw.config.models.get_index(job.route).map(|(_, r)| r);
             if job.resumes > 0 && route.is_some_and(|r| r.stream_resume) {
                 body.enable_resume(Resume {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, header};
 use serde_json::json;
@@ -62,7 +62,10 @@ pub async fn requests(
 }
 
 /// `GET /admin/requests/{id}`: one request with its attempts and partial text.
-pub async fn request(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+pub async fn request(State(gw): State<Arc<Gateway>>, headers: HeaderMap, uri: http::Uri) -> Response {
+    // The id is read from the path as is: an extractor's rejection of an
+    // odd id would answer in plain text.
+    let id = uri.path().rsplit('/').next().unwrap_or_default().to_owned();
     if !authorized(&gw, &headers) {
         return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
     }

@@ -35,6 +35,50 @@ pub fn authenticate<'a>(keys: &'a [ClientKey], headers: &HeaderMap) -> Result<Op
     found.map(Some).ok_or(())
 }
 
+/// Keyless mode (no `client_keys`) serves local clients only: a request
+/// whose `Host` (DNS rebinding) or `Origin` (a page in a browser, even a
+/// "simple" cross-site `text/plain` POST) is not loopback, nor listed in
+/// `allowed_origins`, is refused — it would spend the operator's upstream
+/// keys. Clients that send neither (SDKs, curl, agents) pass.
+pub fn local_only(headers: &HeaderMap, allowed: &[String]) -> Result<(), String> {
+    let listed = |host: &str| allowed.iter().any(|a| a.eq_ignore_ascii_case(host));
+    if let Some(host) = headers.get(http::header::HOST) {
+        let host = host.to_str().unwrap_or("?");
+        let name = strip_port(host);
+        if !is_loopback(name) && !listed(name) && !listed(host) {
+            return Err(format!(
+                "Host {host:?} is not this machine: without client_keys tidegate serves local clients only \
+                 (add it to allowed_origins, or configure client_keys)"
+            ));
+        }
+    }
+    if let Some(origin) = headers.get(http::header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("?");
+        let host = url::Url::parse(origin).ok().and_then(|u| u.host_str().map(str::to_owned));
+        let ok =
+            host.as_deref().is_some_and(|h| is_loopback(h.trim_start_matches('[').trim_end_matches(']')) || listed(h))
+                || listed(origin);
+        if !ok {
+            return Err(format!(
+                "requests from the web page {origin:?} are refused: without client_keys tidegate serves local \
+                 clients only (add the origin to allowed_origins, or configure client_keys)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn strip_port(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h)
+}
+
+fn is_loopback(name: &str) -> bool {
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +115,23 @@ mod tests {
         assert_eq!(authenticate(&k, &headers(&[("x-api-key", "k-alice2")])), Err(()));
         assert_eq!(authenticate(&k, &headers(&[("authorization", "Basic k-alice")])), Err(()));
         assert_eq!(authenticate(&[], &headers(&[])), Ok(None));
+    }
+
+    #[test]
+    fn keyless_mode_serves_local_clients_only() {
+        let none: &[String] = &[];
+        assert!(local_only(&headers(&[("host", "127.0.0.1:8787")]), none).is_ok());
+        assert!(local_only(&headers(&[("host", "localhost:8787"), ("origin", "http://localhost:3000")]), none).is_ok());
+        assert!(local_only(&headers(&[("host", "[::1]:8787")]), none).is_ok());
+        assert!(local_only(&headers(&[]), none).is_ok());
+        // DNS rebinding: a foreign name resolving to 127.0.0.1.
+        assert!(local_only(&headers(&[("host", "evil.example:8787")]), none).is_err());
+        // A cross-site page posting text/plain.
+        assert!(local_only(&headers(&[("host", "127.0.0.1:8787"), ("origin", "https://evil.example")]), none).is_err());
+        assert!(local_only(&headers(&[("host", "127.0.0.1:8787"), ("origin", "null")]), none).is_err());
+        let allowed = vec!["https://app.example".to_string(), "gw.internal".to_string()];
+        assert!(
+            local_only(&headers(&[("host", "gw.internal:8787"), ("origin", "https://app.example")]), &allowed).is_ok()
+        );
     }
 }

@@ -9,10 +9,10 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, header, request::Parts};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use tokio::time::Instant;
 
-use super::auth::authenticate;
+use super::auth::{authenticate, local_only};
 use crate::anomaly::Verdict;
 use crate::config::ModelRoute;
 use crate::error::GatewayError;
@@ -73,9 +73,13 @@ pub async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Respo
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// `GET /healthz`: the process is up and serving.
-pub async fn healthz() -> &'static str {
-    "ok\n"
+/// `GET /healthz`: `200 ok` while serving, `503 draining` once a shutdown
+/// began (a load balancer then stops sending requests here).
+pub async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
+    if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
+        return (http::StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
+    }
+    "ok\n".into_response()
 }
 
 /// `GET /` and `HEAD /`: clients probe their base URL before the first
@@ -87,14 +91,32 @@ pub async fn root() -> &'static str {
 /// Any other path: a protocol-shaped 404 instead of an empty body.
 pub async fn fallback(req: Request) -> Response {
     let protocol = protocol_of(req.headers());
-    GatewayError::NoRoute(format!("{} {}", req.method(), req.uri().path())).into_response(protocol)
+    let error = GatewayError::NoRoute(format!("{} {}", req.method(), req.uri().path()));
+    label(error.into_response(protocol), crate::request_id::next(), None, 0)
+}
+
+/// A known path with the wrong method: a protocol-shaped 405.
+pub async fn wrong_method(req: Request) -> Response {
+    let protocol = protocol_of(req.headers());
+    let error = GatewayError::WrongMethod(format!("{} {}", req.method(), req.uri().path()));
+    label(error.into_response(protocol), crate::request_id::next(), None, 0)
 }
 
 async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
     let protocol = endpoint.protocol();
     let id = crate::request_id::next();
-    let mut report = Report::new(id, Instant::now());
-    report.sink = Some(gw.sink.clone());
+    let mut report = Report::new(id, Instant::now()).into(gw.sink.clone());
+    if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
+        // Shutting down: an honest 503 at once, and no keep-alive, so the
+        // client goes to another replica.
+        let error = GatewayError::ShuttingDown;
+        report.status = error.status().as_u16();
+        report.error = Some(error.to_string());
+        report.finish(Outcome::Rejected);
+        let mut response = label(error.into_response(protocol), id, None, 0);
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return response;
+    }
     let (parts, body) = req.into_parts();
     let job = match prepare(&gw, endpoint, parts, body, &mut report).await {
         Ok(job) => job,
@@ -213,7 +235,10 @@ async fn prepare(
     report.client = authenticate(&gw.config.client_keys, &parts.headers)
         .map_err(|()| GatewayError::Unauthorized)?
         .map(str::to_owned);
-    let body = read_body(body, &parts.headers, gw.config.max_body).await?;
+    if gw.config.client_keys.is_empty() {
+        local_only(&parts.headers, &gw.config.allowed_origins).map_err(GatewayError::Forbidden)?;
+    }
+    let body = read_body(body, &parts.headers, gw.config.max_body, gw.config.body_timeout).await?;
     let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
     report.stream = head.stream;
     let found = gw.config.find_route(&head.model);
@@ -304,18 +329,44 @@ fn deadline(route_deadline: Duration, headers: &HeaderMap) -> Result<Instant, Ga
     Ok(Instant::now() + budget)
 }
 
-/// Reads the whole request body, refusing more than `max` bytes (at once
-/// from `Content-Length` when the client sent one).
-async fn read_body(body: Body, headers: &HeaderMap, max: usize) -> Result<Bytes, GatewayError> {
+/// Most bytes of an oversized body read (and thrown away) before the 413
+/// is sent: a client still sending when the connection closes gets a reset
+/// instead of the answer — async HTTP clients (httpx's `AsyncClient`, so
+/// `AsyncOpenAI`) then report a connection error and upload it all again.
+const DISCARD_AT_MOST: usize = 256 * 1024 * 1024;
+
+/// Reads the whole request body, refusing more than `max` bytes, within
+/// `limit` (a client trickling its body cannot hold a request open). An
+/// oversized body is read to its end (up to [`DISCARD_AT_MOST`]) and
+/// dropped, so the client reads the 413 instead of a reset connection.
+async fn read_body(body: Body, headers: &HeaderMap, max: usize, limit: Duration) -> Result<Bytes, GatewayError> {
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return Err(GatewayError::TooLarge { limit: max });
-    }
-    match Limited::new(body, max).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => Err(GatewayError::TooLarge { limit: max }),
-        Err(err) => Err(GatewayError::BadRequest(format!("could not read the request body: {err}"))),
+    let read = async {
+        let mut body = body;
+        let mut kept = bytes::BytesMut::with_capacity(declared.map_or(0, |n| n.min(max as u64) as usize));
+        let mut seen = 0usize;
+        let mut too_large = declared.is_some_and(|n| n > max as u64);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| GatewayError::BadRequest(format!("could not read the request body: {e}")))?;
+            let Ok(data) = frame.into_data() else { continue };
+            seen += data.len();
+            if seen > max {
+                too_large = true;
+            }
+            if too_large {
+                if seen > DISCARD_AT_MOST {
+                    break;
+                }
+                continue;
+            }
+            kept.extend_from_slice(&data);
+        }
+        if too_large { Err(GatewayError::TooLarge { limit: max }) } else { Ok(kept.freeze()) }
+    };
+    match tokio::time::timeout(limit, read).await {
+        Ok(result) => result,
+        Err(_) => Err(GatewayError::BodyTimeout { limit }),
     }
 }
 

@@ -5,11 +5,13 @@
 //! and `TCP_NODELAY` on every accepted socket so a keep-alive client does
 //! not stall on Nagle's algorithm for each small response.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
@@ -28,8 +30,34 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Accepts connections forever, serving each with HTTP/1.1 on its own task.
 pub async fn serve(listener: TcpListener, app: Router) {
+    serve_until(listener, app, std::future::pending(), usize::MAX).await;
+}
+
+/// The answer to a connection over `max_connections`: written at once,
+/// then the connection is closed (no request is read).
+const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 112\r\n\r\n{\"error\":{\"message\":\"tidegate: too many open connections (max_connections); retry shortly\",\"type\":\"api_error\"}}\n";
+
+/// Accepts connections until `stop` resolves, then hands back the watcher
+/// of the connections still open (to close them once idle). Beyond
+/// `max_connections` open at once, a new connection gets an immediate
+/// `503` and is closed, so a flood of idle sockets cannot use up the file
+/// descriptors the gateway needs for its upstreams.
+pub async fn serve_until(
+    listener: TcpListener,
+    app: Router,
+    stop: impl Future<Output = ()>,
+    max_connections: usize,
+) -> GracefulShutdown {
+    let graceful = GracefulShutdown::new();
+    let open =
+        std::sync::Arc::new(tokio::sync::Semaphore::new(max_connections.min(tokio::sync::Semaphore::MAX_PERMITS)));
+    let mut stop = std::pin::pin!(stop);
     loop {
-        let (stream, _peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => return graceful,
+        };
+        let (stream, _peer) = match accepted {
             Ok(conn) => conn,
             Err(err) => {
                 // Out of file descriptors and the like: back off briefly
@@ -40,12 +68,26 @@ pub async fn serve(listener: TcpListener, app: Router) {
             }
         };
         let _ = stream.set_nodelay(true);
+        let Ok(slot) = open.clone().try_acquire_owned() else {
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut stream = stream;
+                let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    let _ = stream.write_all(TOO_MANY).await;
+                    let _ = stream.shutdown().await;
+                })
+                .await;
+            });
+            continue;
+        };
         let service = TowerToHyperService::new(app.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(30))
+            .serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
         tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .serve_connection(TokioIo::new(stream), service);
+            let _slot = slot;
             if let Err(err) = conn.await {
                 tracing::debug!(error = %err, "connection ended with an error");
             }

@@ -15,7 +15,12 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::{get, post};
+use std::future::Future;
+use std::time::Duration;
+
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::gateway::Gateway;
@@ -40,6 +45,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/ui", get(ui::page))
         .route("/ui/{file}", get(ui::asset))
         .fallback(handlers::fallback)
+        .method_not_allowed_fallback(handlers::wrong_method)
         .with_state(gateway)
 }
 
@@ -47,18 +53,49 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 pub struct Running {
     /// The bound address (useful with port 0).
     pub addr: SocketAddr,
-    task: JoinHandle<()>,
+    task: JoinHandle<GracefulShutdown>,
+    stop: CancellationToken,
+    gateway: Arc<Gateway>,
 }
 
 impl Running {
-    /// Waits until the accept loop ends (it only ends on error).
-    pub async fn wait(mut self) {
+    /// Waits until the accept loop ends (it only ends when stopped).
+    pub async fn wait(&mut self) {
         let _ = (&mut self.task).await;
+    }
+
+    /// Shuts down without losing work: `/healthz` answers 503 and new
+    /// requests get an immediate 503 (so a load balancer drains this
+    /// replica), in-flight requests finish — for up to `grace`, or until
+    /// `now` resolves (a second signal) — and streams still running then
+    /// end with their protocol's error event, requests still waiting get
+    /// a 503. Then the accept loop stops, idle connections close, and the
+    /// background tasks and the journal are flushed and joined.
+    pub async fn shutdown(mut self, grace: Duration, now: impl Future<Output = ()>) {
+        let gw = self.gateway.clone();
+        gw.draining.store(true, std::sync::atomic::Ordering::Release);
+        let mut now = std::pin::pin!(now);
+        let drained = tokio::select! {
+            () = gw.sink.idle() => true,
+            () = tokio::time::sleep(grace) => false,
+            () = &mut now => false,
+        };
+        if !drained {
+            tracing::warn!(in_flight = gw.sink.active(), "shutdown grace over: ending what is still running");
+            gw.closing.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(2), gw.sink.idle()).await;
+        }
+        self.stop.cancel();
+        if let Ok(open) = (&mut self.task).await {
+            let _ = tokio::time::timeout(Duration::from_secs(1), open.shutdown()).await;
+        }
+        gw.finish(Duration::from_secs(5)).await;
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
+        self.stop.cancel();
         self.task.abort();
     }
 }
@@ -86,6 +123,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     gateway.follow_shared_health();
     let listener = listen::bind(addr).map_err(|error| StartError::Bind { addr, error })?;
     let addr = listener.local_addr().map_err(|error| StartError::Bind { addr, error })?;
-    let task = tokio::spawn(listen::serve(listener, router(gateway)));
-    Ok(Running { addr, task })
+    let stop = CancellationToken::new();
+    let app = router(gateway.clone());
+    let max_connections = gateway.config.max_connections;
+    let task = tokio::spawn(listen::serve_until(listener, app, stop.clone().cancelled_owned(), max_connections));
+    Ok(Running { addr, task, stop, gateway })
 }

@@ -41,9 +41,16 @@ pub enum Handshake {
 }
 
 /// Reads `inner` up to its first meaningful event; `idle` bounds each gap,
-/// `deadline` the whole handshake (comments and pings do not extend it).
-pub async fn handshake(mut inner: Incoming, protocol: Protocol, idle: Duration, deadline: Instant) -> Handshake {
-    let mut scanner = Scanner::new(protocol, PARTIAL_CAP);
+/// `deadline` the whole handshake (comments and pings do not extend it),
+/// `max_event` the bytes of one unfinished event.
+pub async fn handshake(
+    mut inner: Incoming,
+    protocol: Protocol,
+    idle: Duration,
+    deadline: Instant,
+    max_event: usize,
+) -> Handshake {
+    let mut scanner = Scanner::with_limit(protocol, PARTIAL_CAP, max_event);
     loop {
         let gap = Instant::now() + idle;
         let frame = match tokio::time::timeout_at(gap.min(deadline), inner.frame()).await {
@@ -55,6 +62,9 @@ pub async fn handshake(mut inner: Incoming, protocol: Protocol, idle: Duration, 
         };
         let Ok(data) = frame.into_data() else { continue };
         scanner.feed(&data);
+        if scanner.oversized() {
+            return Handshake::Broken(format!("an event exceeded {max_event} bytes (max_stream_event)"));
+        }
         while let Some((kind, end)) = scanner.next_event() {
             match kind {
                 Kind::KeepAlive | Kind::Start => {}

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::classify::Class;
 use crate::limits::Permit;
@@ -73,6 +74,9 @@ pub struct RelayBody {
     /// events are dropped (the client has the answer's opening), and the
     /// original break's reason is kept for the message if it breaks too.
     continuing: Option<String>,
+    /// Resolves when the shutdown grace is over: the stream then ends with
+    /// its protocol's error event.
+    closing: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     /// The upstream slot, given back when the body ends or is dropped.
     permit: Option<Permit>,
     /// Last bytes of a raw (JSON) body, where `usage` usually sits.
@@ -122,6 +126,7 @@ impl RelayBody {
             resume: None,
             reopening: None,
             continuing: None,
+            closing: None,
             permit: None,
             tail: Vec::new(),
         }
@@ -151,6 +156,12 @@ impl RelayBody {
             (None, Some(read)) => self.protocol.answer_id(read),
             (None, None) => None,
         }
+    }
+
+    /// Ends this stream with its protocol's error event when `token` is
+    /// cancelled (the shutdown grace is over).
+    pub fn close_with(&mut self, token: &CancellationToken) {
+        self.closing = Some(Box::pin(token.clone().cancelled_owned()));
     }
 
     /// Holds the upstream slot until the last byte (the usage then settles
@@ -400,7 +411,18 @@ impl Body for RelayBody {
                     this.last_frame = Instant::now();
                     let Ok(data) = frame.into_data() else { continue };
                     match this.sse.as_mut() {
-                        Some(sse) => sse.feed(&data),
+                        Some(sse) => {
+                            sse.feed(&data);
+                            if sse.oversized() {
+                                let max = sse.max_event();
+                                if let Some(resume) = this.resume.as_mut() {
+                                    resume.tries = 0;
+                                }
+                                this.last = this.break_stream(format!(
+                                    "the upstream sent an event over {max} bytes (max_stream_event)"
+                                ));
+                            }
+                        }
                         None => {
                             this.first_byte();
                             this.keep_tail(&data);
@@ -434,6 +456,14 @@ impl Body for RelayBody {
                     }
                 }
                 Poll::Pending => {
+                    if this.closing.as_mut().is_some_and(|c| c.as_mut().poll(cx).is_ready()) {
+                        this.closing = None;
+                        if let Some(resume) = this.resume.as_mut() {
+                            resume.tries = 0;
+                        }
+                        this.last = this.break_stream("tidegate is shutting down".into());
+                        continue;
+                    }
                     let deadline = this.last_frame + this.idle;
                     let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
                     if timer.deadline() != deadline {

@@ -26,6 +26,8 @@ pub struct Scanner {
     /// for its end (so a large event is not searched again per read).
     searched: usize,
     text_cap: usize,
+    /// Largest unfinished event held before the stream is given up.
+    max_event: usize,
     /// What the events said.
     pub seen: Seen,
 }
@@ -33,7 +35,24 @@ pub struct Scanner {
 impl Scanner {
     /// A scanner keeping up to `text_cap` bytes of streamed text.
     pub fn new(protocol: Protocol, text_cap: usize) -> Self {
-        Self { protocol, pending: BytesMut::new(), scanned: 0, searched: 0, text_cap, seen: Seen::default() }
+        Self::with_limit(protocol, text_cap, usize::MAX)
+    }
+
+    /// A scanner that holds at most `max_event` bytes of one unfinished
+    /// event (see [`Scanner::oversized`]).
+    pub fn with_limit(protocol: Protocol, text_cap: usize, max_event: usize) -> Self {
+        Self { protocol, pending: BytesMut::new(), scanned: 0, searched: 0, text_cap, max_event, seen: Seen::default() }
+    }
+
+    /// The unfinished event is larger than allowed: an upstream that never
+    /// ends an event would otherwise be buffered without limit.
+    pub fn oversized(&self) -> bool {
+        self.pending.len() - self.scanned > self.max_event
+    }
+
+    /// The largest event allowed, for messages.
+    pub fn max_event(&self) -> usize {
+        self.max_event
     }
 
     /// Appends received bytes.
@@ -240,5 +259,28 @@ mod tests {
         s.feed("data: {\"choices\":[{\"delta\":{\"content\":\"héllo\"}}]}\n\n".as_bytes());
         s.next_event();
         assert_eq!(s.seen.text, "hél");
+    }
+
+    #[test]
+    fn an_event_larger_than_allowed_is_noticed_and_a_big_one_scans_in_linear_time() {
+        let mut s = Scanner::with_limit(Protocol::OpenAiChat, 16, 1024);
+        s.feed(b"data: {\"choices\":[]}\n\n");
+        assert!(s.next_event().is_some());
+        s.feed(&[b'x'; 1000]);
+        assert!(s.next_event().is_none() && !s.oversized());
+        s.feed(&[b'x'; 100]);
+        assert!(s.oversized());
+        // 8 MiB event arriving 16 KiB at a time: every read searches only
+        // the new bytes (the old scanner took seconds here).
+        let mut s = Scanner::new(Protocol::OpenAiChat, 16);
+        let started = tokio::time::Instant::now();
+        s.feed(b"data: {\"x\":\"");
+        for _ in 0..512 {
+            s.feed(&[b'a'; 16 * 1024]);
+            assert!(s.next_event().is_none());
+        }
+        s.feed(b"\"}\n\n");
+        assert!(s.next_event().is_some());
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
     }
 }
