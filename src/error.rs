@@ -103,6 +103,24 @@ impl GatewayError {
         }
     }
 
+    /// A short label for metrics (`tidegate_rejected_total{reason}`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            GatewayError::BadRequest(_) => "bad_request",
+            GatewayError::Unauthorized => "bad_key",
+            GatewayError::UnknownModel(_) => "unknown_model",
+            GatewayError::TooLarge { .. } => "too_large",
+            GatewayError::NoRoute(_) => "unknown_path",
+            GatewayError::GaveUp { .. } => "gave_up",
+            GatewayError::QueueFull { .. } => "queue_full",
+            GatewayError::BadDeadline(_) => "bad_deadline",
+            GatewayError::BodyTimeout { .. } => "body_timeout",
+            GatewayError::Forbidden(_) => "foreign_origin",
+            GatewayError::WrongMethod(_) => "wrong_method",
+            GatewayError::ShuttingDown => "shutting_down",
+        }
+    }
+
     /// The protocol error kind (for in-stream error events).
     pub fn kind(&self) -> ErrorKind {
         self.status_kind().1

@@ -87,6 +87,7 @@ impl Gateway {
             keep_partial: config.keep_partial,
             recent,
             active: Default::default(),
+            flood: Default::default(),
         });
         let tasks = TaskTracker::new();
         let pins = Pins::new(config.response_pin_ttl, shared.clone(), names.clone(), tasks.clone());

@@ -37,6 +37,7 @@ pub mod classify;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod flood;
 pub mod gateway;
 pub mod health;
 pub mod journal;

@@ -20,6 +20,7 @@ pub struct Metrics {
     attempts: IntCounterVec,
     tokens: IntCounterVec,
     anomalies: IntCounterVec,
+    rejected: IntCounterVec,
     queue_wait: HistogramVec,
     ttfb: HistogramVec,
     duration: HistogramVec,
@@ -82,6 +83,11 @@ impl Metrics {
             attempts: counter("attempts_total", "upstream attempts by verdict", &["upstream", "verdict"])?,
             tokens: counter("tokens_total", "tokens reported by upstreams", &["direction", "model"])?,
             anomalies: counter("anomalies_total", "floods flagged, per client key name", &["client"])?,
+            rejected: counter(
+                "rejected_total",
+                "requests refused before routing (bad key, foreign origin, unknown path, wrong method)",
+                &["reason"],
+            )?,
             queue_wait: histogram("queue_wait_seconds", "time waiting for upstream slots and rate buckets")?,
             ttfb: histogram("ttfb_seconds", "time to the first byte sent to the client")?,
             duration: histogram("request_duration_seconds", "total request time")?,
@@ -116,6 +122,11 @@ impl Metrics {
     /// Counts a flood flagged for a client key name.
     pub fn anomaly(&self, client: &str) {
         self.anomalies.with_label_values(&[client]).inc();
+    }
+
+    /// Counts a refusal before routing.
+    pub fn rejected(&self, reason: &str) {
+        self.rejected.with_label_values(&[reason]).inc();
     }
 
     /// Sets a scrape-time gauge.

@@ -53,6 +53,10 @@ pub struct Report {
     pub partial: Option<String>,
     /// The client's volume was flagged as far above its baseline.
     pub anomaly: bool,
+    /// Counted in the metrics only: neither journaled nor logged (a
+    /// refusal before routing beyond the per-second sample, see
+    /// [`crate::flood`]).
+    pub counted_only: bool,
     /// Where the record goes besides the log line (counted as in flight
     /// there until finished: see [`Report::into`]).
     sink: Option<Arc<Sink>>,
@@ -75,6 +79,8 @@ pub struct Sink {
     /// Requests whose report is not finished yet (streams included): what
     /// a graceful shutdown waits for.
     pub active: std::sync::atomic::AtomicUsize,
+    /// Refusals before routing: counted, sampled into the journal.
+    pub flood: crate::flood::Flood,
 }
 
 impl Sink {
@@ -111,6 +117,7 @@ impl Report {
             usage: Usage::default(),
             partial: None,
             anomaly: false,
+            counted_only: false,
             sink: None,
             finished: false,
         }
@@ -190,6 +197,9 @@ impl Report {
         if let Some(sink) = &sink {
             self.count(outcome, sink);
             sink.active.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        if self.counted_only {
+            return;
         }
         self.log_line(outcome);
         // Last: the journal's record takes the strings the report owns.

@@ -203,6 +203,9 @@ impl Upstream {
                 headers.append(name.clone(), value.clone());
             }
         }
+        // Answers must stay readable: error bodies are classified and
+        // streams scanned.
+        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         if !headers.contains_key(header::CONTENT_TYPE) {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }

@@ -213,3 +213,21 @@ fn cli_errors_are_one_line_with_the_fix() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("send a request first"), "{stderr}");
 }
+
+#[test]
+fn config_gaps_are_reported_with_their_field_paths() {
+    let yaml = "max_body: 0\nadmin_key: same\nclient_keys: [{ name: a, key: same }]\nupstreams:\n  - { name: a, protocol: opneai, base_url: \"http://127.0.0.1:1/v1\" }\n  - { name: b, protocol: openai, base_url: \"http://user:pw@127.0.0.1:1/v1\" }\n  - { name: c, protocol: openai, base_url: \"http://127.0.0.1:1/v1?x=1\" }\n  - { name: d, protocol: openai, base_url: \"http://127.0.0.1:1/v1\", api_key: \"sk-1\\nX-Injected: 1\" }\n  - { name: e, protocol: openai, base_url: \"http://127.0.0.1:1/v1\" }\nmodels:\n  m:\n    targets: [{ upstream: a }, { upstream: e, weight: 0 }]\n";
+    let problems = tidegate::config::Config::parse(yaml, &|_| None).unwrap_err().problems();
+    let has = |p: &str| problems.iter().any(|x| x.starts_with(p));
+    assert!(has("max_body: must be more than 0"), "{problems:#?}");
+    assert!(has("admin_key: must differ"), "{problems:#?}");
+    assert!(has("upstreams[0].protocol"), "{problems:#?}");
+    assert!(has("upstreams[1].base_url: must not hold a user"), "{problems:#?}");
+    assert!(has("upstreams[2].base_url: must not have a ?query"), "{problems:#?}");
+    assert!(has("upstreams[3].api_key: holds characters"), "{problems:#?}");
+    assert!(has("models.m.targets[1].weight: must be at least 1"), "{problems:#?}");
+    // The invalid upstream `a` has its own problem; no "unknown upstream a (known: a)".
+    assert!(!problems.iter().any(|p| p.contains("unknown upstream")), "{problems:#?}");
+    // And no secret in any message.
+    assert!(!problems.iter().any(|p| p.contains("sk-1") || p.contains("pw@")), "{problems:#?}");
+}

@@ -136,6 +136,21 @@ pub fn classify_transport(failure: &TransportFailure) -> Outcome {
     Outcome { class: Class::Transient, status: None, hints: Hints::default(), summary, rule: None, concurrency: false }
 }
 
+/// An answer that is no answer: a `1xx`, `204`/`205`, an HTML page or an
+/// unasked-for compression under 2xx. Transient: a wrong `base_url`, a
+/// captive portal or a misbehaving proxy may be gone on the next attempt
+/// or target; it is never relayed as the model's answer.
+pub fn classify_odd(status: u16, what: &str) -> Outcome {
+    Outcome {
+        class: Class::Transient,
+        status: Some(status),
+        hints: Hints::default(),
+        summary: format!("{status} {what}"),
+        rule: None,
+        concurrency: false,
+    }
+}
+
 fn has_any(lower: &str, words: &[&str]) -> bool {
     words.iter().any(|w| lower.contains(w))
 }

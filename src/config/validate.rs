@@ -65,6 +65,11 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
     }
 
     let client_keys = client_keys(&raw, problems);
+    if let Some(admin) = raw.admin_key.as_deref().filter(|k| !k.is_empty()) {
+        if raw.client_keys.iter().any(|k| k.key == admin) {
+            problems.push("admin_key: must differ from every client key (a client could read the journal)".into());
+        }
+    }
     if let Some(addr) = listen {
         if client_keys.is_empty() && !addr.ip().is_loopback() {
             problems.push(format!(
@@ -224,12 +229,33 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         }
     };
     let base_url = match url::Url::parse(&u.base_url) {
+        Ok(url) if !url.username().is_empty() || url.password().is_some() => {
+            problems.push(format!(
+                "{}: must not hold a user or password (put the key in api_key, other credentials in headers)",
+                at("base_url")
+            ));
+            None
+        }
+        Ok(url) if url.query().is_some() || url.fragment().is_some() => {
+            problems.push(format!(
+                "{}: must not have a ?query or #fragment (tidegate appends the endpoint path, which would lose them)",
+                at("base_url")
+            ));
+            None
+        }
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Some(trim_slash(url)),
         _ => {
             problems.push(format!("{}: {:?} is not a URL (http:// or https://)", at("base_url"), u.base_url));
             None
         }
     };
+    if HeaderValue::try_from(format!("Bearer {}", u.api_key)).is_err() {
+        problems.push(format!(
+            "{}: holds characters that cannot be sent in a header (a newline or control character?)",
+            at("api_key")
+        ));
+        ok = false;
+    }
     let mut headers = Vec::new();
     for (name, value) in &u.headers {
         match (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str())) {
@@ -367,11 +393,15 @@ fn models(
         let mut protocol: Option<Family> = None;
         for (j, t) in model.targets.iter().enumerate() {
             let Some(idx) = upstreams.iter().position(|u| u.name == t.upstream) else {
-                problems.push(format!(
-                    "models.{alias}.targets[{j}].upstream: unknown upstream {:?} (known: {})",
-                    t.upstream,
-                    known()
-                ));
+                // An upstream that is listed but invalid has its own
+                // problems above; only a name nobody listed is unknown.
+                if !raw.upstreams.iter().any(|u| u.name == t.upstream) {
+                    problems.push(format!(
+                        "models.{alias}.targets[{j}].upstream: unknown upstream {:?} (known: {})",
+                        t.upstream,
+                        known()
+                    ));
+                }
                 continue;
             };
             let p = upstreams[idx].protocol;
@@ -389,6 +419,11 @@ fn models(
             }
             // No `model`: the name the client asked for (the alias itself,
             // or whatever name a pattern matched).
+            if t.weight == Some(0) {
+                problems.push(format!(
+                    "models.{alias}.targets[{j}].weight: must be at least 1 (remove the target to send it nothing)"
+                ));
+            }
             targets.push(Target { upstream: idx, model: t.model.clone(), weight: t.weight.unwrap_or(1).max(1) });
         }
         let deadline = duration(&format!("models.{alias}.deadline"), &model.deadline, default_deadline, problems);

@@ -441,7 +441,11 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, rema
             };
         }
     };
-    if !resp.status().is_success() {
+    let status = resp.status();
+    if let Some(odd) = odd_answer(status, resp.headers()) {
+        return Attempt::Failure(classify::classify_odd(status.as_u16(), &odd), None);
+    }
+    if !status.is_success() {
         let (parts, bytes) = read_error(resp, remaining).await;
         let outcome = classify::classify(parts.status, &parts.headers, &bytes, rules, now());
         return Attempt::Failure(outcome, Some((parts, bytes)));
@@ -555,6 +559,26 @@ fn continuation(job: Job) -> resume::Reopen {
     })
 }
 
+/// What makes an answer no answer at all, if anything (see
+/// [`classify::classify_odd`]).
+fn odd_answer(status: StatusCode, headers: &HeaderMap) -> Option<String> {
+    let header = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if status.is_informational() {
+        return Some("an informational answer (1xx) where a response was due".into());
+    }
+    if status == StatusCode::NO_CONTENT || status == StatusCode::RESET_CONTENT {
+        return Some("no content where a response was due".into());
+    }
+    if status.is_success() && header(header::CONTENT_TYPE).trim_start().to_ascii_lowercase().starts_with("text/html") {
+        return Some("an HTML page instead of an API answer (a wrong base_url, or a captive portal?)".into());
+    }
+    let encoding = header(header::CONTENT_ENCODING).trim().to_ascii_lowercase();
+    if status.is_success() && is_sse(headers) && !encoding.is_empty() && encoding != "identity" {
+        return Some(format!("a stream compressed with {encoding} although identity was asked for"));
+    }
+    None
+}
+
 fn is_sse(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -562,15 +586,36 @@ fn is_sse(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
 }
 
-/// Reads a (small) error body; on failure or overflow, whatever could be
-/// read is enough to classify and report.
+/// Reads an error body, keeping at most [`MAX_ERROR_BODY`] bytes (a
+/// bigger one is passed on cut there, never emptied); a gzip-compressed
+/// one (a proxy that ignored `accept-encoding: identity`) is decompressed
+/// so it can be classified and read.
 async fn read_error(resp: http::Response<hyper::body::Incoming>, limit: Duration) -> (http::response::Parts, Bytes) {
-    let (parts, incoming) = resp.into_parts();
-    let read = tokio::time::timeout(limit, Limited::new(incoming, MAX_ERROR_BODY).collect()).await;
-    let bytes = match read {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(_)) | Err(_) => Bytes::new(),
+    let (mut parts, mut incoming) = resp.into_parts();
+    let mut kept = bytes::BytesMut::new();
+    let read = async {
+        while let Some(Ok(frame)) = incoming.frame().await {
+            if let Ok(data) = frame.into_data() {
+                let room = MAX_ERROR_BODY.saturating_sub(kept.len());
+                kept.extend_from_slice(&data[..data.len().min(room)]);
+                if room <= data.len() {
+                    break;
+                }
+            }
+        }
     };
+    let _ = tokio::time::timeout(limit, read).await;
+    let mut bytes = kept.freeze();
+    let gzip = parts.headers.get(header::CONTENT_ENCODING).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
+    if gzip {
+        use std::io::Read;
+        let mut plain = Vec::new();
+        let decoder = flate2::read::GzDecoder::new(&bytes[..]);
+        if decoder.take(MAX_ERROR_BODY as u64).read_to_end(&mut plain).is_ok() {
+            bytes = Bytes::from(plain);
+            parts.headers.remove(header::CONTENT_ENCODING);
+        }
+    }
     (parts, bytes)
 }
 

@@ -88,7 +88,11 @@ pub async fn stats(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Respon
     if !authorized(&gw, &headers) {
         return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
     }
-    json_response(&gw.sink.recent.snapshot())
+    let mut stats = gw.sink.recent.snapshot();
+    if let Some(obj) = stats.as_object_mut() {
+        obj.insert("rejected_before_routing".into(), json!(gw.sink.flood.total()));
+    }
+    json_response(&stats)
 }
 
 /// `1h`, `30m` back from now, or an RFC 3339 instant, as unix ms.

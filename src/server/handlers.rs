@@ -89,16 +89,20 @@ pub async fn root() -> &'static str {
 }
 
 /// Any other path: a protocol-shaped 404 instead of an empty body.
-pub async fn fallback(req: Request) -> Response {
+pub async fn fallback(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let protocol = protocol_of(req.headers());
     let error = GatewayError::NoRoute(format!("{} {}", req.method(), req.uri().path()));
+    gw.sink.metrics.rejected(error.reason());
+    gw.sink.flood.admit(Instant::now());
     label(error.into_response(protocol), crate::request_id::next(), None, 0)
 }
 
 /// A known path with the wrong method: a protocol-shaped 405.
-pub async fn wrong_method(req: Request) -> Response {
+pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let protocol = protocol_of(req.headers());
     let error = GatewayError::WrongMethod(format!("{} {}", req.method(), req.uri().path()));
+    gw.sink.metrics.rejected(error.reason());
+    gw.sink.flood.admit(Instant::now());
     label(error.into_response(protocol), crate::request_id::next(), None, 0)
 }
 
@@ -123,6 +127,10 @@ async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
         Err(error) => {
             report.status = error.status().as_u16();
             report.error = Some(error.to_string());
+            if let GatewayError::Unauthorized | GatewayError::Forbidden(_) = &error {
+                gw.sink.metrics.rejected(error.reason());
+                report.counted_only = !gw.sink.flood.admit(Instant::now());
+            }
             report.finish(Outcome::Rejected);
             return label(error.into_response(protocol), id, None, 0);
         }

@@ -70,9 +70,22 @@ pub async fn serve_until(
         let _ = stream.set_nodelay(true);
         let Ok(slot) = open.clone().try_acquire_owned() else {
             tokio::spawn(async move {
-                use tokio::io::AsyncWriteExt;
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
                 let mut stream = stream;
                 let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    // Read the request head first: an answer before the
+                    // request is one an HTTP client cannot read.
+                    let mut head = [0u8; 8192];
+                    let mut read = 0;
+                    while read < head.len() {
+                        match stream.read(&mut head[read..]).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => read += n,
+                        }
+                        if head[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
+                    }
                     let _ = stream.write_all(TOO_MANY).await;
                     let _ = stream.shutdown().await;
                 })

@@ -54,6 +54,9 @@ pub struct Behavior {
     /// During `first_chunk_delay_ms`, send an SSE comment (`: ping`) this
     /// often: an upstream that keeps a stream alive without content.
     pub ping_every_ms: Option<u64>,
+    /// Make the first content event of a chat stream this many bytes
+    /// larger (a huge event; tests of the SSE scanner's limits).
+    pub pad_event_bytes: Option<usize>,
     /// Cut the connection after this many stream events (a mid-stream drop).
     pub drop_after: Option<usize>,
     /// Refuse requests whenever more than this many to this model are in
@@ -167,6 +170,7 @@ impl Default for Behavior {
             error_content_type: "application/json".into(),
             first_chunk_delay_ms: 0,
             ping_every_ms: None,
+            pad_event_bytes: None,
             drop_after: None,
             reject_over: None,
             over_limit: None,
@@ -494,6 +498,13 @@ async fn answer(state: Arc<SimState>, endpoint: Endpoint, req: Request) -> Respo
         if let Some((n, error)) = error_after {
             frames.truncate(n);
             frames.push(Bytes::from(error_frame(protocol, error)));
+        }
+        if let (Some(pad), Protocol::OpenAiChat) = (behavior.pad_event_bytes, protocol) {
+            let chunk = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+                "p".repeat(pad)
+            );
+            frames.insert(1.min(frames.len()), Bytes::from(chunk));
         }
         let first = Duration::from_millis(behavior.first_chunk_delay_ms);
         let pings = behavior

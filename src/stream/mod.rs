@@ -287,6 +287,12 @@ impl RelayBody {
     }
 
     fn end(&mut self) {
+        if self.sse.is_none() && self.outcome.is_none() && !self.tail.is_empty() && !json_complete(&self.tail) {
+            // A body delimited by the connection's close cannot say it was
+            // cut; a JSON answer that does not end as JSON was.
+            let why = "the upstream's JSON answer ended before its end (connection closed early)";
+            self.outcome = Some((Outcome::Incomplete, Some(why.into())));
+        }
         let (outcome, error) = self.outcome.take().unwrap_or((Outcome::Completed, None));
         let usage = match &self.sse {
             Some(sse) => sse.seen.usage,
@@ -362,6 +368,13 @@ impl RelayBody {
         }
         Some(out)
     }
+}
+
+/// Whether the last bytes of a JSON answer (every endpoint tidegate
+/// serves answers JSON) close it: `}` or `]`.
+fn json_complete(tail: &[u8]) -> bool {
+    let trimmed = tail.trim_ascii_end();
+    trimmed.is_empty() || matches!(trimmed.last(), Some(b'}' | b']'))
 }
 
 impl Body for RelayBody {

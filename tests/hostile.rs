@@ -1,0 +1,337 @@
+//! Hostile clients and odd upstreams: floods without a key, bodies far
+//! larger than socket buffers, trickled bodies, too many connections,
+//! foreign web pages, huge or never-ending SSE events, a stream whose
+//! connection resets after its terminal event. Each case gets an honest
+//! answer, and the next request is served normally.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use tidegate::simulate::{Behavior, Fault};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+async fn admin(gw: &tidegate::server::Running, path: &str) -> String {
+    client().get(url(gw, path)).bearer_auth("adm").send().await.unwrap().text().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_flood_without_a_key_is_counted_not_journaled() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = sim(&[]);
+    let top = format!(
+        "journal: {}\nadmin_key: adm\nclient_keys: [{{ name: real, key: real-key }}]",
+        dir.path().join("j.db").display()
+    );
+    let gw = gateway(&yaml(&sim, &top, "", "")).await;
+    for _ in 0..3 {
+        let resp = client()
+            .post(url(&gw, "/v1/chat/completions"))
+            .bearer_auth("real-key")
+            .body(r#"{"model":"gpt"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let started = Instant::now();
+    let flood: Vec<_> = (0..20)
+        .map(|_| {
+            let url = url(&gw, "/v1/chat/completions");
+            tokio::spawn(async move {
+                let c = client();
+                for _ in 0..100 {
+                    let resp = c.post(&url).bearer_auth("wrong").body("{}").send().await.unwrap();
+                    assert_eq!(resp.status(), 401);
+                }
+            })
+        })
+        .collect();
+    for f in flood {
+        f.await.unwrap();
+    }
+    let seconds = started.elapsed().as_secs() + 1;
+    let metrics = admin(&gw, "/metrics").await;
+    assert!(metrics.contains(r#"tidegate_rejected_total{reason="bad_key"} 2000"#), "{metrics}");
+    let stats: Value = serde_json::from_str(&admin(&gw, "/admin/stats").await).unwrap();
+    assert_eq!(stats["rejected_before_routing"], 2000);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rows: Value = serde_json::from_str(&admin(&gw, "/admin/requests?limit=1000").await).unwrap();
+    let rows = rows["requests"].as_array().unwrap();
+    let real = rows.iter().filter(|r| r["client"] == "real").count();
+    let rejected = rows.iter().filter(|r| r["outcome"] == "rejected").count();
+    assert_eq!(real, 3, "the real requests are still there");
+    assert!(rejected as u64 <= 5 * (seconds + 1), "{rejected} refusals journaled in {seconds} s");
+}
+
+/// A body far larger than any socket buffer, sent by an async client: it
+/// reads the 413 (the body is read and dropped first), not a reset.
+#[tokio::test]
+async fn an_oversized_body_gets_a_readable_413() {
+    let sim = sim(&[]);
+    let gw = gateway(&yaml(&sim, "max_body: 1MiB", "", "")).await;
+    let big = vec![b'x'; 20 * 1024 * 1024];
+    for _ in 0..3 {
+        let resp = client().post(url(&gw, "/v1/chat/completions")).body(big.clone()).send().await;
+        let resp = resp.expect("the client saw a connection error instead of the 413");
+        assert_eq!(resp.status(), 413);
+        let v: Value = resp.json().await.unwrap();
+        assert!(v["error"]["message"].as_str().unwrap().contains("larger than"), "{v}");
+    }
+    assert_serves(&gw).await;
+}
+
+#[tokio::test]
+async fn a_trickled_body_is_cut_at_body_timeout() {
+    let sim = sim(&[]);
+    let gw = gateway(&yaml(&sim, "body_timeout: 500ms", "", "")).await;
+    let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    conn.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    for _ in 0..30 {
+        let _ = conn.write_all(b" ").await;
+        let mut buf = [0u8; 4096];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(100), conn.read(&mut buf)).await {
+            answer.extend_from_slice(&buf[..n]);
+            if n == 0 || answer.len() > 12 {
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_serves(&gw).await;
+}
+
+#[tokio::test]
+async fn connections_beyond_max_connections_get_a_503_and_the_rest_are_served() {
+    let sim = sim(&[]);
+    let gw = gateway(&yaml(&sim, "max_connections: 20", "", "")).await;
+    let idle: Vec<tokio::net::TcpStream> =
+        futures_util::future::join_all((0..20).map(|_| tokio::net::TcpStream::connect(gw.addr)))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let resp = client().get(url(&gw, "/healthz")).send().await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert!(resp.text().await.unwrap().contains("max_connections"));
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_serves(&gw).await;
+}
+
+#[tokio::test]
+async fn keyless_mode_refuses_foreign_pages_and_hosts() {
+    let sim = sim(&[]);
+    let gw = gateway(&yaml(&sim, "", "", "")).await;
+    let body = r#"{"model":"gpt","messages":[]}"#;
+    let cross_site = client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .header("origin", "https://evil.example")
+        .header("content-type", "text/plain")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross_site.status(), 403);
+    let rebinding =
+        client().post(url(&gw, "/v1/chat/completions")).header("host", "evil.example").body(body).send().await.unwrap();
+    assert_eq!(rebinding.status(), 403);
+    assert_eq!(sim.state.received().len(), 0, "nothing reached the upstream");
+    assert_serves(&gw).await;
+}
+
+#[tokio::test]
+async fn a_wrong_method_is_a_protocol_shaped_405_with_a_request_id() {
+    let sim = sim(&[]);
+    let gw = gateway(&yaml(&sim, "", "", "")).await;
+    let resp = client().get(url(&gw, "/v1/chat/completions")).send().await.unwrap();
+    assert_eq!(resp.status(), 405);
+    assert!(resp.headers().contains_key("x-tidegate-request-id"));
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("method not allowed"), "{v}");
+    let resp = client().get(url(&gw, "/nowhere")).header("anthropic-version", "2023-06-01").send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    assert!(resp.headers().contains_key("x-tidegate-request-id"));
+    assert_eq!(resp.json::<Value>().await.unwrap()["type"], "error");
+}
+
+/// A model name with a newline or a NUL cannot forge a log line: checked
+/// on the line itself in `report.rs`; here, such a request is answered
+/// normally (404) and the next one served.
+#[tokio::test]
+async fn control_characters_in_a_model_name_are_harmless() {
+    let sim = sim(&[]);
+    let gw = gateway(&yaml(&sim, "", "", "")).await;
+    let body = r#"{"model":"gpt\nINFO request id=forged\u0000","messages":[]}"#;
+    let resp = client().post(url(&gw, "/v1/chat/completions")).body(body).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    assert_serves(&gw).await;
+}
+
+/// An 8 MiB event passes in linear time; one over `max_stream_event` ends
+/// the stream with an error instead of being buffered without limit.
+#[tokio::test]
+async fn huge_and_endless_events() {
+    let sim = sim(&[("real-gpt", Behavior { chunks: 3, pad_event_bytes: Some(8 << 20), ..Default::default() })]);
+    let gw = gateway(&yaml(&sim, "", "", "")).await;
+    let started = Instant::now();
+    let resp = client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"gpt","stream":true}"#).send().await;
+    let text = resp.unwrap().text().await.unwrap();
+    assert!(text.len() > 8 << 20 && text.trim_end().ends_with("[DONE]"));
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    let small = gateway(&yaml(&sim, "max_stream_event: 1MiB", "", "")).await;
+    let resp = client().post(url(&small, "/v1/chat/completions")).body(r#"{"model":"gpt","stream":true}"#).send().await;
+    let resp = resp.unwrap();
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    assert!(status == 502 || text.contains("max_stream_event"), "{status} {}", &text[..text.len().min(300)]);
+    assert!(text.contains("max_stream_event"), "{}", &text[..text.len().min(300)]);
+}
+
+/// After the terminal event the stream is complete: a reset after
+/// `[DONE]` is not a broken stream, and (with `stream_resume`) the answer
+/// is not asked for again.
+#[tokio::test]
+async fn a_reset_after_the_terminal_event_is_not_a_failure() {
+    let done_then_reset = Behavior { chunks: 3, script: vec![Fault::drop_after(6)], ..Default::default() };
+    let sim = sim(&[("real-gpt", done_then_reset)]);
+    let models = "  resumable:\n    targets: [{ upstream: sim-openai, model: real-gpt }]\n    stream_resume: true";
+    let dir = tempfile::tempdir().unwrap();
+    let top = format!("journal: {}\nadmin_key: adm", dir.path().join("j.db").display());
+    let gw = gateway(&yaml(&sim, &top, "", models)).await;
+    let text = client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .body(r#"{"model":"resumable","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    assert_eq!(sim.state.received().len(), 1, "the finished answer was not asked for again");
+    let mut outcome = Value::Null;
+    for _ in 0..100 {
+        let rows: Value = serde_json::from_str(&admin(&gw, "/admin/requests").await).unwrap();
+        if let Some(r) = rows["requests"].as_array().and_then(|a| a.first()) {
+            outcome = r["outcome"].clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(outcome, "completed");
+}
+
+/// A fake upstream answering every request with the same raw bytes, then
+/// closing the connection.
+async fn raw_upstream(answer: &'static [u8]) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        for _ in 0..50 {
+            let Ok((mut conn, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut read = 0;
+                while let Ok(n) = conn.read(&mut buf[read..]).await {
+                    read += n;
+                    if n == 0 || buf[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                let _ = conn.write_all(answer).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    format!("http://{addr}/v1")
+}
+
+async fn through(base_url: &str, stream: bool) -> (u16, String, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "listen: 127.0.0.1:0\njournal: {}\nadmin_key: adm\ndefaults:\n  deadline: 2s\n  retry: {{ base_delay: 10ms, max_delay: 20ms, max_attempts: 2 }}\nupstreams:\n  - {{ name: odd, protocol: openai, base_url: \"{base_url}\" }}\nmodels:\n  m:\n    targets: [{{ upstream: odd }}]\n",
+        dir.path().join("j.db").display()
+    );
+    let gw = gateway(&config).await;
+    let body = format!(r#"{{"model":"m","stream":{stream},"messages":[]}}"#);
+    let resp = client().post(url(&gw, "/v1/chat/completions")).body(body).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_else(|e| format!("body cut: {e}"));
+    let mut row = Value::Null;
+    for _ in 0..100 {
+        let rows: Value = serde_json::from_str(&admin(&gw, "/admin/requests").await).unwrap();
+        if let Some(r) = rows["requests"].as_array().and_then(|a| a.first()) {
+            row = r.clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (status, text, row)
+}
+
+#[tokio::test]
+async fn odd_upstream_answers_are_told_truly() {
+    // A captive portal's page under 200: a failed attempt, not the answer.
+    let html =
+        raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 20\r\n\r\n<html>Login</html>\r\n")
+            .await;
+    let (status, text, row) = through(&html, false).await;
+    assert_eq!(status, 502, "{text}");
+    assert!(text.contains("HTML page"), "{text}");
+    assert_eq!(row["outcome"], "failed");
+    // A close-delimited JSON answer cut short: incomplete, not completed.
+    let cut = raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"choices\":[{\"message\":{\"content\":\"half").await;
+    let (status, _, row) = through(&cut, false).await;
+    assert_eq!(status, 200);
+    assert_eq!(row["outcome"], "incomplete", "{row}");
+    // 101 and 204: no answer; neither hangs nor passes for one.
+    for answer in [
+        &b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"[..],
+        &b"HTTP/1.1 204 No Content\r\n\r\n"[..],
+    ] {
+        let odd = raw_upstream(answer).await;
+        let started = Instant::now();
+        let (status, text, row) = through(&odd, false).await;
+        assert_eq!(status, 502, "{text}");
+        assert_eq!(row["outcome"], "failed");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+    // An error body over 1 MiB is passed on (cut at 1 MiB), never emptied.
+    let mut big = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"error\":{\"message\":\"".to_vec();
+    big.extend(std::iter::repeat_n(b'x', 3 << 20));
+    let big: &'static [u8] = big.leak();
+    let (status, text, _) = through(&raw_upstream(big).await, false).await;
+    assert_eq!(status, 400);
+    assert_eq!(text.len(), 1 << 20, "cut at 1 MiB");
+    assert!(text.starts_with("{\"error\""));
+}
+
+#[tokio::test]
+async fn a_gzip_error_body_is_read_as_text() {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(br#"{"error":{"message":"Invalid model parameter","type":"invalid_request_error"}}"#).unwrap();
+    let body = gz.finish().unwrap();
+    let mut answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    answer.extend(body);
+    let (status, text, _) = through(&raw_upstream(answer.leak()).await, false).await;
+    assert_eq!(status, 400);
+    assert!(text.contains("Invalid model parameter"), "{text}");
+}
