@@ -19,6 +19,16 @@ async fn admin(gw: &tidegate::server::Running, path: &str) -> String {
     client().get(url(gw, path)).bearer_auth("adm").send().await.unwrap().text().await.unwrap()
 }
 
+async fn first_row(gw: &tidegate::server::Running) -> Value {
+    for _ in 0..100 {
+        if let Some(r) = admin_json(gw, "/admin/requests").await["requests"].as_array().and_then(|a| a.first()) {
+            return r.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Value::Null
+}
+
 #[tokio::test]
 async fn a_flood_without_a_key_is_counted_not_journaled() {
     let dir = tempfile::tempdir().unwrap();
@@ -222,16 +232,7 @@ async fn a_reset_after_the_terminal_event_is_not_a_failure() {
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     assert!(!text.contains("\"error\""), "{text}");
     assert_eq!(sim.state.received().len(), 1, "the finished answer was not asked for again");
-    let mut outcome = Value::Null;
-    for _ in 0..100 {
-        let rows: Value = serde_json::from_str(&admin(&gw, "/admin/requests").await).unwrap();
-        if let Some(r) = rows["requests"].as_array().and_then(|a| a.first()) {
-            outcome = r["outcome"].clone();
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(outcome, "completed");
+    assert_eq!(first_row(&gw).await["outcome"], "completed");
 }
 
 /// A fake upstream answering every request with the same raw bytes, then
@@ -270,16 +271,7 @@ async fn through(base_url: &str, stream: bool) -> (u16, String, Value) {
     let resp = client().post(url(&gw, "/v1/chat/completions")).body(body).send().await.unwrap();
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap_or_else(|e| format!("body cut: {e}"));
-    let mut row = Value::Null;
-    for _ in 0..100 {
-        let rows: Value = serde_json::from_str(&admin(&gw, "/admin/requests").await).unwrap();
-        if let Some(r) = rows["requests"].as_array().and_then(|a| a.first()) {
-            row = r.clone();
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    (status, text, row)
+    (status, text, first_row(&gw).await)
 }
 
 #[tokio::test]

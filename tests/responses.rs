@@ -122,15 +122,7 @@ async fn a_mid_stream_failure_ends_with_response_failed_and_is_journaled_incompl
     assert!(text[error..].contains(r#""error":{"#), "{text}");
     let mut row = Value::Null;
     for _ in 0..200 {
-        let v: Value = client()
-            .get(url(&gw, "/admin/requests?outcome=incomplete"))
-            .bearer_auth("adm")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = admin_json(&gw, "/admin/requests?outcome=incomplete").await;
         if let Some(r) = v["requests"].as_array().and_then(|a| a.first()) {
             row = r.clone();
             break;
@@ -138,15 +130,7 @@ async fn a_mid_stream_failure_ends_with_response_failed_and_is_journaled_incompl
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(row["outcome"], "incomplete", "{row}");
-    let detail: Value = client()
-        .get(url(&gw, &format!("/admin/requests/{}", row["id"].as_str().unwrap())))
-        .bearer_auth("adm")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let detail = admin_json(&gw, &format!("/admin/requests/{}", row["id"].as_str().unwrap())).await;
     assert_eq!(detail["partial"], "tok0 tok1 ", "{detail}");
     assert_eq!(sim.state.received().len(), 1, "content had reached the client: never retried");
 }

@@ -59,6 +59,11 @@ pub fn url(gw: &Running, path: &str) -> String {
     format!("http://{}{}", gw.addr, path)
 }
 
+/// An admin endpoint's JSON, with the admin key tests configure (`adm`).
+pub async fn admin_json(gw: &Running, path: &str) -> serde_json::Value {
+    client().get(url(gw, path)).bearer_auth("adm").send().await.unwrap().json().await.unwrap()
+}
+
 /// Waits (bounded) until `cond` holds.
 pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..200 {

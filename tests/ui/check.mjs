@@ -54,7 +54,9 @@ function start(args, log) {
 
 const simPort = await freePort();
 const gwPort = await freePort();
-writeFileSync(join(tmp, "sim.yaml"), "models:\n  broken: { status: 503, error_body: '{\"error\":{\"message\":\"overloaded\",\"type\":\"overloaded\"}}' }\n");
+// A failing upstream (500: transient, so max_attempts bounds it; a
+// capacity error would be retried until the deadline).
+writeFileSync(join(tmp, "sim.yaml"), "models:\n  broken: { status: 500, error_body: '{\"error\":{\"message\":\"internal error\",\"type\":\"server_error\"}}' }\n");
 writeFileSync(
   join(tmp, "tidegate.yaml"),
   `listen: 127.0.0.1:${gwPort}
@@ -124,7 +126,7 @@ try {
   check(claude.status === 200, "an Anthropic request succeeds");
   const bad = await post("/v1/chat/completions", { model: "broken", messages: [{ role: "user", content: "hi" }] });
   const badId = bad.headers.get("x-tidegate-request-id");
-  check(bad.status === 503, `the failing request fails (${bad.status})`);
+  check(bad.status === 502, `the failing request fails (${bad.status})`);
 
   // It appears without a reload (the page polls).
   await page.waitForSelector(`#requests tbody tr[data-id='${badId}']`, { timeout: 10000 });
@@ -152,7 +154,7 @@ try {
   await page.waitForSelector("#detail:not([hidden])", { timeout: 5000 });
   const attempts = await page.$$eval("#attempts tbody tr", (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)));
   check(attempts.length === 3, `the detail lists each attempt (${attempts.length})`);
-  check(attempts.every((a) => a[2] === "503" && a[3] === "capacity"), `each attempt's status and class (${JSON.stringify(attempts[0])})`);
+  check(attempts.every((a) => a[2] === "500" && a[3] === "transient"), `each attempt's status and class (${JSON.stringify(attempts[0])})`);
   check((await page.textContent("#detail-id")) === badId, "the detail is that request's");
 
   mkdirSync(shots, { recursive: true });
