@@ -569,11 +569,15 @@ fn odd_answer(status: StatusCode, headers: &HeaderMap) -> Option<String> {
     if status == StatusCode::NO_CONTENT || status == StatusCode::RESET_CONTENT {
         return Some("no content where a response was due".into());
     }
-    if status.is_success() && header(header::CONTENT_TYPE).trim_start().to_ascii_lowercase().starts_with("text/html") {
+    if !status.is_success() {
+        return None;
+    }
+    let content_type = header(header::CONTENT_TYPE).trim_start().as_bytes();
+    if content_type.get(..9).is_some_and(|t| t.eq_ignore_ascii_case(b"text/html")) {
         return Some("an HTML page instead of an API answer (a wrong base_url, or a captive portal?)".into());
     }
-    let encoding = header(header::CONTENT_ENCODING).trim().to_ascii_lowercase();
-    if status.is_success() && is_sse(headers) && !encoding.is_empty() && encoding != "identity" {
+    let encoding = header(header::CONTENT_ENCODING).trim();
+    if !encoding.is_empty() && !encoding.eq_ignore_ascii_case("identity") && is_sse(headers) {
         return Some(format!("a stream compressed with {encoding} although identity was asked for"));
     }
     None

@@ -352,7 +352,9 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize, limit: Duration)
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     let read = async {
         let mut body = body;
-        let mut kept = bytes::BytesMut::with_capacity(declared.map_or(0, |n| n.min(max as u64) as usize));
+        // Frames are kept as they arrive: a body in one frame (the usual
+        // case) is passed on without a copy.
+        let mut frames: Vec<Bytes> = Vec::new();
         let mut seen = 0usize;
         let mut too_large = declared.is_some_and(|n| n > max as u64);
         while let Some(frame) = body.frame().await {
@@ -361,6 +363,7 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize, limit: Duration)
             seen += data.len();
             if seen > max {
                 too_large = true;
+                frames.clear();
             }
             if too_large {
                 if seen > DISCARD_AT_MOST {
@@ -368,9 +371,16 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize, limit: Duration)
                 }
                 continue;
             }
-            kept.extend_from_slice(&data);
+            frames.push(data);
         }
-        if too_large { Err(GatewayError::TooLarge { limit: max }) } else { Ok(kept.freeze()) }
+        if too_large {
+            return Err(GatewayError::TooLarge { limit: max });
+        }
+        Ok(match frames.len() {
+            0 => Bytes::new(),
+            1 => frames.swap_remove(0),
+            _ => Bytes::from(frames.concat()),
+        })
     };
     match tokio::time::timeout(limit, read).await {
         Ok(result) => result,

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
@@ -37,25 +36,20 @@ pub async fn serve(listener: TcpListener, app: Router) {
 /// then the connection is closed (no request is read).
 const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 112\r\n\r\n{\"error\":{\"message\":\"tidegate: too many open connections (max_connections); retry shortly\",\"type\":\"api_error\"}}\n";
 
-/// Accepts connections until `stop` resolves, then hands back the watcher
-/// of the connections still open (to close them once idle). Beyond
+/// Accepts connections until `stop` resolves. (A shutdown waits for the
+/// requests in flight, not for connections: idle keep-alive connections
+/// simply end with the process.) Beyond
 /// `max_connections` open at once, a new connection gets an immediate
 /// `503` and is closed, so a flood of idle sockets cannot use up the file
 /// descriptors the gateway needs for its upstreams.
-pub async fn serve_until(
-    listener: TcpListener,
-    app: Router,
-    stop: impl Future<Output = ()>,
-    max_connections: usize,
-) -> GracefulShutdown {
-    let graceful = GracefulShutdown::new();
+pub async fn serve_until(listener: TcpListener, app: Router, stop: impl Future<Output = ()>, max_connections: usize) {
     let open =
         std::sync::Arc::new(tokio::sync::Semaphore::new(max_connections.min(tokio::sync::Semaphore::MAX_PERMITS)));
     let mut stop = std::pin::pin!(stop);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            () = &mut stop => return graceful,
+            () = &mut stop => return,
         };
         let (stream, _peer) = match accepted {
             Ok(conn) => conn,
@@ -98,7 +92,6 @@ pub async fn serve_until(
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs(30))
             .serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _slot = slot;
             if let Err(err) = conn.await {

@@ -18,7 +18,6 @@ use axum::routing::{get, post};
 use std::future::Future;
 use std::time::Duration;
 
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -53,7 +52,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 pub struct Running {
     /// The bound address (useful with port 0).
     pub addr: SocketAddr,
-    task: JoinHandle<GracefulShutdown>,
+    task: JoinHandle<()>,
     stop: CancellationToken,
     gateway: Arc<Gateway>,
 }
@@ -69,8 +68,9 @@ impl Running {
     /// replica), in-flight requests finish — for up to `grace`, or until
     /// `now` resolves (a second signal) — and streams still running then
     /// end with their protocol's error event, requests still waiting get
-    /// a 503. Then the accept loop stops, idle connections close, and the
-    /// background tasks and the journal are flushed and joined.
+    /// a 503. Then the accept loop stops, and the background tasks and the
+    /// journal are flushed and joined (idle connections end with the
+    /// process).
     pub async fn shutdown(mut self, grace: Duration, now: impl Future<Output = ()>) {
         let gw = self.gateway.clone();
         gw.draining.store(true, std::sync::atomic::Ordering::Release);
@@ -86,9 +86,7 @@ impl Running {
             let _ = tokio::time::timeout(Duration::from_secs(2), gw.sink.idle()).await;
         }
         self.stop.cancel();
-        if let Ok(open) = (&mut self.task).await {
-            let _ = tokio::time::timeout(Duration::from_secs(1), open.shutdown()).await;
-        }
+        let _ = (&mut self.task).await;
         gw.finish(Duration::from_secs(5)).await;
     }
 }
