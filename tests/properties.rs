@@ -68,7 +68,7 @@ proptest! {
             let _ = s.oversized();
         }
         let _ = protocol::error_status(&data);
-        let _ = protocol::openai_responses::failed_answer(&data);
+        let _ = protocol::openai_responses::read_answer(&data);
     }
 
     /// The splice replaces the model's value and nothing else.

@@ -110,18 +110,8 @@ impl Protocol {
         }
     }
 
-    /// A 2xx JSON answer that is really a failure (a Responses object
-    /// with `status: failed`): its error, to classify. Only protocols
-    /// that can say so are read; the others stream through untouched.
-    pub fn failed_answer(self, body: &[u8]) -> Option<Bytes> {
-        match self {
-            Protocol::OpenAiResponses => openai_responses::failed_answer(body),
-            Protocol::OpenAiChat | Protocol::Anthropic => None,
-        }
-    }
-
     /// Whether a 2xx JSON answer must be read whole before it is relayed
-    /// (to find a [`Protocol::failed_answer`] or the id state is pinned to).
+    /// (to find a failure under 200, or the id state is pinned to).
     pub fn reads_json_answers(self) -> bool {
         match self {
             Protocol::OpenAiResponses => true,
@@ -129,13 +119,25 @@ impl Protocol {
         }
     }
 
-    /// The id a non-stream answer gives its stored state (Responses).
-    pub fn answer_id(self, body: &[u8]) -> Option<String> {
+    /// What a 2xx JSON answer read whole says (see [`ReadAnswer`]); only
+    /// protocols that [read them](Protocol::reads_json_answers) say anything.
+    pub fn read_answer(self, body: &[u8]) -> ReadAnswer {
         match self {
-            Protocol::OpenAiResponses => openai_responses::answer_id(body),
-            Protocol::OpenAiChat | Protocol::Anthropic => None,
+            Protocol::OpenAiResponses => openai_responses::read_answer(body),
+            Protocol::OpenAiChat | Protocol::Anthropic => ReadAnswer::default(),
         }
     }
+}
+
+/// A 2xx JSON answer, read once: the id of the state it stored, and the
+/// error it carries if it is really a failure (a Responses object with
+/// `status: failed`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReadAnswer {
+    /// The stored response's id.
+    pub id: Option<String>,
+    /// The error object of a failed answer, as `{"error":...}`.
+    pub failed: Option<Bytes>,
 }
 
 /// A client endpoint tidegate serves: its path, the path appended to an

@@ -11,7 +11,7 @@
 //! OpenAI shape ([`super::openai_chat::error_body`]).
 //!
 //! A non-stream answer is a response object whose `status` may be
-//! `failed` under HTTP 200: [`failed_answer`] finds that, so it is
+//! `failed` under HTTP 200: [`read_answer`] finds that, so it is
 //! classified and retried like the error status it stands for.
 
 use std::borrow::Cow;
@@ -101,23 +101,18 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
     }
 }
 
-/// A non-stream answer whose `status` is `failed`: its error object, to
-/// be classified like an error answer. `None` for anything else
-/// (`completed`, `incomplete` — a normal answer cut by `max_output_tokens`
-/// — or a body that is not a response object).
-pub fn failed_answer(body: &[u8]) -> Option<Bytes> {
-    let head: Answer<'_> = serde_json::from_slice(body).ok()?;
-    if head.status.as_deref() != Some("failed") {
-        return None;
-    }
-    let error = head.error.map_or("{}", RawValue::get);
-    Some(Bytes::from(format!(r#"{{"error":{error}}}"#)))
-}
-
-/// The id of a non-stream response object (`resp_…`).
-pub fn answer_id(body: &[u8]) -> Option<String> {
-    let head: Answer<'_> = serde_json::from_slice(body).ok()?;
-    head.id.map(Cow::into_owned)
+/// What a non-stream answer (a response object) says, read in one pass:
+/// its id (the stored state) and, when its `status` is `failed`, its error
+/// object, to be classified like an error answer. `incomplete` (cut by
+/// `max_output_tokens`) and `completed` are answers; a body that is not a
+/// response object says nothing.
+pub fn read_answer(body: &[u8]) -> super::ReadAnswer {
+    let Ok(head) = serde_json::from_slice::<Answer<'_>>(body) else { return super::ReadAnswer::default() };
+    let failed = (head.status.as_deref() == Some("failed")).then(|| {
+        let error = head.error.map_or("{}", RawValue::get);
+        Bytes::from(format!(r#"{{"error":{error}}}"#))
+    });
+    super::ReadAnswer { id: head.id.map(Cow::into_owned), failed }
 }
 
 /// Responses cannot be continued from partial text as a new turn the way

@@ -471,11 +471,12 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, rema
                 return Attempt::Ended(classify::classify_transport(&failure));
             }
         };
-        if let Some(error) = protocol.failed_answer(&bytes) {
-            return Attempt::Failure(rejected(&parts.headers, &error, upstream), Some(error_answer(&error)));
+        let read = protocol.read_answer(&bytes);
+        if let Some(error) = read.failed {
+            return carried_failure(&parts.headers, error, upstream);
         }
         parts.headers.remove(header::CONTENT_LENGTH);
-        return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::read(bytes, protocol, name))));
+        return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::read(bytes, protocol, name, read.id))));
     }
     match handshake::handshake(incoming, protocol, idle, job.deadline, job.gw.config.max_stream_event).await {
         Handshake::Open { inner, scanner, ready } => {
@@ -491,9 +492,7 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, rema
             }
             Attempt::Success(Answer::Stream(parts, Box::new(body)))
         }
-        Handshake::Rejected(data) => {
-            Attempt::Failure(rejected(&parts.headers, &data, upstream), Some(error_answer(&data)))
-        }
+        Handshake::Rejected(data) => carried_failure(&parts.headers, data, upstream),
         Handshake::Empty => {
             let note = b"empty stream: the upstream ended the stream before any content";
             Attempt::Failure(classify::classify(StatusCode::OK, &parts.headers, note, rules, now()), None)
@@ -510,20 +509,16 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, rema
 }
 
 /// A failure carried inside a 2xx answer (an error event, a failed
-/// response object), classified like the status it stands for.
-fn rejected(headers: &HeaderMap, data: &[u8], upstream: &Upstream) -> Outcome {
-    let status = StatusCode::from_u16(protocol::error_status(data)).unwrap_or(StatusCode::OK);
-    classify::classify(status, headers, data, &upstream.config.rules, jiff::Timestamp::now())
-}
-
-/// The answer to return verbatim if a 2xx-carried failure is final: its
-/// error data with the status it stands for (502 when it names none).
-fn error_answer(data: &Bytes) -> (http::response::Parts, Bytes) {
-    let status = StatusCode::from_u16(protocol::error_status(data)).unwrap_or(StatusCode::OK);
+/// response object): classified like the status it stands for, and kept
+/// as the answer to return verbatim if it is final (502 when it names no
+/// status).
+fn carried_failure(headers: &HeaderMap, data: Bytes, upstream: &Upstream) -> Attempt {
+    let status = StatusCode::from_u16(protocol::error_status(&data)).unwrap_or(StatusCode::OK);
+    let outcome = classify::classify(status, headers, &data, &upstream.config.rules, jiff::Timestamp::now());
     let mut error = http::Response::new(());
     *error.status_mut() = if status.is_success() { StatusCode::BAD_GATEWAY } else { status };
     error.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-    (error.into_parts().0, data.clone())
+    Attempt::Failure(outcome, Some((error.into_parts().0, data)))
 }
 
 /// The function a broken stream calls to continue: the same request with

@@ -77,6 +77,8 @@ pub struct RelayBody {
     /// Resolves when the shutdown grace is over: the stream then ends with
     /// its protocol's error event.
     closing: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    /// The stored-state id of a JSON answer read whole.
+    answer_id: Option<String>,
     /// The upstream slot, given back when the body ends or is dropped.
     permit: Option<Permit>,
     /// Last bytes of a raw (JSON) body, where `usage` usually sits.
@@ -89,11 +91,13 @@ impl RelayBody {
         Self::new(inner, idle, None, 0, protocol, upstream)
     }
 
-    /// A JSON answer already read whole (to check it): sent as one frame.
-    pub fn read(bytes: Bytes, protocol: Protocol, upstream: (usize, &str)) -> Self {
+    /// A JSON answer already read whole (to check it): sent as one frame;
+    /// `id` is the stored state it names, if any.
+    pub fn read(bytes: Bytes, protocol: Protocol, upstream: (usize, &str), id: Option<String>) -> Self {
         let mut body = Self::new_detached(protocol, upstream);
         body.keep_tail(&bytes);
         body.last = Some(bytes);
+        body.answer_id = id;
         body
     }
 
@@ -127,6 +131,7 @@ impl RelayBody {
             reopening: None,
             continuing: None,
             closing: None,
+            answer_id: None,
             permit: None,
             tail: Vec::new(),
         }
@@ -151,10 +156,9 @@ impl RelayBody {
     /// The id the upstream gave a Responses answer (its stored state): from
     /// `response.created` in a stream, or the JSON answer read whole.
     pub fn response_id(&self) -> Option<String> {
-        match (&self.sse, &self.last) {
-            (Some(sse), _) => sse.seen.response_id.clone(),
-            (None, Some(read)) => self.protocol.answer_id(read),
-            (None, None) => None,
+        match &self.sse {
+            Some(sse) => sse.seen.response_id.clone(),
+            None => self.answer_id.clone(),
         }
     }
 
