@@ -89,6 +89,13 @@ impl Sink {
         self.active.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Counts a refusal before routing (metrics by `reason`, the flood
+    /// counter); whether this one is journaled and logged individually.
+    pub fn refused(&self, reason: &str) -> bool {
+        self.metrics.rejected(reason);
+        self.flood.admit(tokio::time::Instant::now())
+    }
+
     /// Resolves once no request is in flight (polled every 20 ms; callers
     /// bound the wait).
     pub async fn idle(&self) {

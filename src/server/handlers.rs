@@ -92,8 +92,7 @@ pub async fn root() -> &'static str {
 pub async fn fallback(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let protocol = protocol_of(req.headers());
     let error = GatewayError::NoRoute(format!("{} {}", req.method(), req.uri().path()));
-    gw.sink.metrics.rejected(error.reason());
-    gw.sink.flood.admit(Instant::now());
+    gw.sink.refused(error.reason());
     label(error.into_response(protocol), crate::request_id::next(), None, 0)
 }
 
@@ -101,8 +100,7 @@ pub async fn fallback(State(gw): State<Arc<Gateway>>, req: Request) -> Response 
 pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let protocol = protocol_of(req.headers());
     let error = GatewayError::WrongMethod(format!("{} {}", req.method(), req.uri().path()));
-    gw.sink.metrics.rejected(error.reason());
-    gw.sink.flood.admit(Instant::now());
+    gw.sink.refused(error.reason());
     label(error.into_response(protocol), crate::request_id::next(), None, 0)
 }
 
@@ -128,8 +126,7 @@ async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
             report.status = error.status().as_u16();
             report.error = Some(error.to_string());
             if let GatewayError::Unauthorized | GatewayError::Forbidden(_) = &error {
-                gw.sink.metrics.rejected(error.reason());
-                report.counted_only = !gw.sink.flood.admit(Instant::now());
+                report.counted_only = !gw.sink.refused(error.reason());
             }
             report.finish(Outcome::Rejected);
             return label(error.into_response(protocol), id, None, 0);

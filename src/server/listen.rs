@@ -34,7 +34,14 @@ pub async fn serve(listener: TcpListener, app: Router) {
 
 /// The answer to a connection over `max_connections`: written at once,
 /// then the connection is closed (no request is read).
-const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 112\r\n\r\n{\"error\":{\"message\":\"tidegate: too many open connections (max_connections); retry shortly\",\"type\":\"api_error\"}}\n";
+static TOO_MANY: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+    let body = r#"{"error":{"message":"tidegate: too many open connections (max_connections); retry shortly","type":"api_error"}}"#;
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+});
 
 /// Accepts connections until `stop` resolves. (A shutdown waits for the
 /// requests in flight, not for connections: idle keep-alive connections
@@ -80,7 +87,7 @@ pub async fn serve_until(listener: TcpListener, app: Router, stop: impl Future<O
                             break;
                         }
                     }
-                    let _ = stream.write_all(TOO_MANY).await;
+                    let _ = stream.write_all(&TOO_MANY).await;
                     let _ = stream.shutdown().await;
                 })
                 .await;
