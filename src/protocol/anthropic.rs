@@ -11,7 +11,7 @@ use serde::de::IgnoredAny;
 use serde_json::json;
 
 use super::ErrorKind;
-use super::events::{Kind, Seen, TextSink};
+use super::events::{Kind, Seen, TextSink, sse_event};
 
 /// `{"type":"error","error":{"type","message"}}`, the shape the Anthropic
 /// SDKs parse into their typed exceptions.
@@ -31,12 +31,7 @@ pub fn error_body(kind: ErrorKind, message: &str) -> Bytes {
 /// A mid-stream failure: `event: error` with the error body, which the
 /// Anthropic SDKs raise as an exception.
 pub fn error_event(kind: ErrorKind, message: &str) -> Bytes {
-    let body = error_body(kind, message);
-    let mut out = Vec::with_capacity(body.len() + 22);
-    out.extend_from_slice(b"event: error\ndata: ");
-    out.extend_from_slice(&body);
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+    sse_event(Some("error"), &error_body(kind, message))
 }
 
 /// `GET /v1/models` in Anthropic's shape, for clients that send

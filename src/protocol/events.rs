@@ -52,6 +52,21 @@ pub struct Seen {
     pub response_id: Option<String>,
 }
 
+/// One SSE event as bytes: `event: name` when named, then `data: …` and
+/// the blank line that ends it (`data` holds no newline: JSON on one line).
+pub fn sse_event(name: Option<&str>, data: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(data.len() + name.map_or(0, str::len) + 16);
+    if let Some(name) = name {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
 /// Appends streamed text up to a cap (the journal keeps partial answers,
 /// not whole books).
 pub struct TextSink<'a> {

@@ -13,7 +13,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::ErrorKind;
-use super::events::{Kind, Seen, TextSink};
+use super::events::{Kind, Seen, TextSink, sse_event};
 
 /// `{"error":{"message","type","param","code"}}`, the shape the OpenAI
 /// SDKs parse into their typed exceptions.
@@ -36,12 +36,7 @@ pub fn error_object(kind: ErrorKind, message: &str, code: Option<&str>) -> serde
 /// A mid-stream failure as the OpenAI SDKs read it: a last
 /// `data: {"error":...}` (they raise on an `error` key), no `[DONE]`.
 pub fn error_event(kind: ErrorKind, message: &str) -> Bytes {
-    let body = error_body(kind, message, None);
-    let mut out = Vec::with_capacity(body.len() + 8);
-    out.extend_from_slice(b"data: ");
-    out.extend_from_slice(&body);
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+    sse_event(None, &error_body(kind, message, None))
 }
 
 /// `GET /v1/models` answer listing the configured aliases.

@@ -22,7 +22,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::ErrorKind;
-use super::events::{Kind, Seen, TextSink};
+use super::events::{Kind, Seen, TextSink, sse_event};
 use super::openai_chat;
 
 /// HTTP errors: the OpenAI shape.
@@ -55,7 +55,8 @@ pub fn error_event(kind: ErrorKind, message: &str) -> Bytes {
         "error": {"code": code, "message": message}}});
     let error = json!({"type": "error", "code": code, "message": message, "param": null,
         "error": openai_chat::error_object(kind, message, Some(code))});
-    Bytes::from(format!("event: response.failed\ndata: {failed}\n\nevent: error\ndata: {error}\n\n"))
+    let (failed, error) = (failed.to_string(), error.to_string());
+    [sse_event(Some("response.failed"), failed.as_bytes()), sse_event(Some("error"), error.as_bytes())].concat().into()
 }
 
 /// What one Responses stream event is.
