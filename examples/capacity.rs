@@ -10,11 +10,10 @@
 //! Usage: cargo run --release --example capacity [-- REPS]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use tidegate::config::Config;
-use tidegate::simulate::{Behavior, SimConfig, Simulator};
+use tidegate::simulate::{SimConfig, Simulator};
 use tokio::time::Instant;
 
 const REQUESTS: usize = 30;
@@ -28,14 +27,7 @@ struct Figures {
 }
 
 fn flaky(seed: u64) -> Simulator {
-    let config = SimConfig {
-        default: Behavior { fail_rate: REFUSED, latency_ms: 20, ..Default::default() },
-        models: HashMap::new(),
-        record: true,
-        seed,
-        ..Default::default()
-    };
-    Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
+    Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::refusing(REFUSED, seed)).unwrap()
 }
 
 async fn run(targets: usize, seed: u64) -> Figures {

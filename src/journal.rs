@@ -18,8 +18,6 @@ use rusqlite::{Connection, OpenFlags, params};
 use serde::Serialize;
 
 use crate::classify::Class;
-#[cfg(test)]
-use crate::record::Verdict;
 use crate::record::{AttemptLog, Outcome};
 
 /// Rows waiting to be written before new ones are dropped (≈0.5 s of a
@@ -601,8 +599,13 @@ pub struct Query {
     pub limit: u32,
 }
 
+/// A reader's connection. It waits (briefly) for the writer's lock instead
+/// of failing: while the writer creates the tables or checkpoints, a read
+/// would otherwise answer "database is locked" to the dashboard.
 fn read_only(path: &Path) -> rusqlite::Result<Connection> {
-    Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+    conn.busy_timeout(Duration::from_secs(2))?;
+    Ok(conn)
 }
 
 /// Stored microseconds as the milliseconds rows are read as.
@@ -713,6 +716,7 @@ pub fn get(path: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Verdict;
 
     fn row(id: String, ts_ms: i64) -> Row {
         Row { id, ts_ms, outcome: "completed".into(), status: 200, n_attempts: 1, ..Default::default() }

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
@@ -18,14 +17,7 @@ use tokio::time::Instant;
 /// A provider refusing `rate` of all requests at random (`503 overloaded`),
 /// seeded so runs repeat.
 fn flaky(rate: f64, seed: u64) -> Simulator {
-    let config = SimConfig {
-        default: Behavior { fail_rate: rate, latency_ms: 20, ..Default::default() },
-        models: HashMap::new(),
-        record: true,
-        seed,
-        ..Default::default()
-    };
-    Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
+    Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::refusing(rate, seed)).unwrap()
 }
 
 /// `n` concurrent chat requests; the statuses and the time each took.

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -28,39 +27,9 @@ fn config(listen: &str, redis: &str, sim: &tidegate::simulate::Simulator, extra:
     )
 }
 
-/// A replica as its own process (so it can be SIGKILLed).
-struct Process {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_addr() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
-}
-
 async fn process_replica(redis: &str, sim: &tidegate::simulate::Simulator) -> Process {
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let path = dir.path().join("replica.yaml");
-    std::fs::write(&path, config(&addr, redis, sim, "")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_tidegate"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let p = Process { child, addr, _dir: dir };
-    wait_shared(&format!("http://{}", p.addr), true).await;
+    let p = Process::spawn(|addr, _| config(addr, redis, sim, ""));
+    wait_shared(&p.base(), true).await;
     p
 }
 

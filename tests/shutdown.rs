@@ -7,26 +7,12 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
 use tidegate::simulate::{Behavior, Simulator};
 use tokio::time::Instant;
-
-struct Gateway {
-    child: Child,
-    base: String,
-    journal: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn sim_for_shutdown() -> Simulator {
     sim(&[
@@ -36,31 +22,18 @@ fn sim_for_shutdown() -> Simulator {
     ])
 }
 
-#[expect(clippy::zombie_processes, reason = "the child is waited for by Gateway's Drop")]
-async fn start(sim: &Simulator, grace: &str) -> Gateway {
-    let dir = tempfile::tempdir().unwrap();
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let journal = dir.path().join("journal.db");
-    let config = format!(
-        "listen: {addr}\njournal: {}\nshutdown_grace: {grace}\nupstreams:\n  - {{ name: sim, protocol: openai, base_url: \"{}\" }}\nmodels:\n  \"*\":\n    targets: [{{ upstream: sim }}]\n",
-        journal.display(),
-        sim.openai_url()
-    );
-    let path = dir.path().join("tidegate.yaml");
-    std::fs::write(&path, config).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_tidegate"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let base = format!("http://{addr}");
+async fn start(sim: &Simulator, grace: &str) -> Process {
+    let openai = sim.openai_url();
+    let gw = Process::spawn(|addr, dir| {
+        format!(
+            "listen: {addr}\njournal: {}\nshutdown_grace: {grace}\nupstreams:\n  - {{ name: sim, protocol: openai, base_url: \"{openai}\" }}\nmodels:\n  \"*\":\n    targets: [{{ upstream: sim }}]\n",
+            dir.join("journal.db").display()
+        )
+    });
     for _ in 0..200 {
-        if let Ok(r) = client().get(format!("{base}/healthz")).send().await {
+        if let Ok(r) = client().get(format!("{}/healthz", gw.base())).send().await {
             if r.status() == 200 {
-                return Gateway { child, base, journal, _dir: dir };
+                return gw;
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -68,13 +41,17 @@ async fn start(sim: &Simulator, grace: &str) -> Gateway {
     panic!("tidegate did not start");
 }
 
-fn signal(gw: &Gateway, name: &str) {
+fn journal(gw: &Process) -> std::path::PathBuf {
+    gw.dir.path().join("journal.db")
+}
+
+fn signal(gw: &Process, name: &str) {
     let status = Command::new("kill").args([&format!("-{name}"), &gw.child.id().to_string()]).status().unwrap();
     assert!(status.success());
 }
 
 /// Waits (bounded) for the process to exit; its exit status.
-async fn exited(gw: &mut Gateway, within: Duration) -> std::process::ExitStatus {
+async fn exited(gw: &mut Process, within: Duration) -> std::process::ExitStatus {
     let until = Instant::now() + within;
     loop {
         if let Some(status) = gw.child.try_wait().unwrap() {
@@ -115,14 +92,14 @@ fn journal_rows(path: &std::path::Path) -> Vec<tidegate::journal::Row> {
 async fn sigterm_lets_in_flight_requests_finish_and_keeps_every_row() {
     let sim = sim_for_shutdown();
     let mut gw = start(&sim, "30s").await;
-    let requests = spawn_requests(&gw.base, 40);
+    let requests = spawn_requests(&gw.base(), 40);
     eventually("40 requests at the upstream", || sim.state.in_flight.load(std::sync::atomic::Ordering::SeqCst) >= 40)
         .await;
     signal(&gw, "TERM");
     // Draining: the load balancer's probe and new requests hear 503.
     let mut health = 0;
     for _ in 0..50 {
-        health = client().get(format!("{}/healthz", gw.base)).send().await.map_or(0, |r| r.status().as_u16());
+        health = client().get(format!("{}/healthz", gw.base())).send().await.map_or(0, |r| r.status().as_u16());
         if health == 503 {
             break;
         }
@@ -130,7 +107,7 @@ async fn sigterm_lets_in_flight_requests_finish_and_keeps_every_row() {
     }
     assert_eq!(health, 503, "/healthz while draining");
     let late = client()
-        .post(format!("{}/v1/chat/completions", gw.base))
+        .post(format!("{}/v1/chat/completions", gw.base()))
         .body(r#"{"model":"slow","messages":[]}"#)
         .send()
         .await
@@ -149,7 +126,7 @@ async fn sigterm_lets_in_flight_requests_finish_and_keeps_every_row() {
     }
     let status = exited(&mut gw, Duration::from_secs(10)).await;
     assert!(status.success(), "{status:?}");
-    let rows = journal_rows(&gw.journal);
+    let rows = journal_rows(&journal(&gw));
     let completed = rows.iter().filter(|r| r.outcome == "completed").count();
     assert_eq!(completed, 40, "every answered request is journaled: {} rows", rows.len());
     assert_eq!(rows.iter().filter(|r| r.outcome == "rejected" && r.status == 503).count(), 1);
@@ -159,7 +136,7 @@ async fn sigterm_lets_in_flight_requests_finish_and_keeps_every_row() {
 async fn at_the_grace_limit_streams_end_with_an_error_event() {
     let sim = sim_for_shutdown();
     let mut gw = start(&sim, "1s").await;
-    let url = format!("{}/v1/chat/completions", gw.base);
+    let url = format!("{}/v1/chat/completions", gw.base());
     let streams: Vec<_> = (0..4)
         .map(|_| {
             let url = url.clone();
@@ -185,7 +162,7 @@ async fn at_the_grace_limit_streams_end_with_an_error_event() {
     let status = exited(&mut gw, Duration::from_secs(6)).await;
     assert!(status.success(), "{status:?}");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
-    let rows = journal_rows(&gw.journal);
+    let rows = journal_rows(&journal(&gw));
     assert_eq!(rows.iter().filter(|r| r.outcome == "incomplete").count(), 4, "{}", rows.len());
 }
 
@@ -193,7 +170,7 @@ async fn at_the_grace_limit_streams_end_with_an_error_event() {
 async fn a_second_signal_ends_at_once() {
     let sim = sim_for_shutdown();
     let mut gw = start(&sim, "60s").await;
-    let url = format!("{}/v1/chat/completions", gw.base);
+    let url = format!("{}/v1/chat/completions", gw.base());
     let stream = tokio::spawn(async move {
         let body = r#"{"model":"long","stream":true,"messages":[]}"#;
         let resp = reqwest::Client::new().post(url).body(body).send().await.unwrap();

@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use super::*;
-#[allow(unused_imports)]
-use crate::classify::Rule;
-use crate::classify::{Hints, Outcome, RuleMatch, Rules};
+use crate::classify::{Hints, Outcome, Rule, RuleMatch, Rules};
 use crate::record::WaitSource;
 
 fn outcome(class: Class) -> Outcome {

@@ -224,6 +224,18 @@ pub enum ScenarioError {
 }
 
 impl SimConfig {
+    /// A provider refusing `rate` of all requests at random (`fail_with`'s
+    /// default: `503` overloaded) after 20 ms, seeded so runs repeat, every
+    /// request recorded: the capacity tests' and `bench/capacity.sh`'s.
+    pub fn refusing(rate: f64, seed: u64) -> SimConfig {
+        SimConfig {
+            default: Behavior { fail_rate: rate, latency_ms: 20, ..Default::default() },
+            record: true,
+            seed,
+            ..Default::default()
+        }
+    }
+
     /// The named built-in scenario.
     pub fn scenario(name: &str) -> Result<SimConfig, ScenarioError> {
         let (_, text) =

@@ -59,6 +59,45 @@ pub fn url(gw: &Running, path: &str) -> String {
     format!("http://{}{}", gw.addr, path)
 }
 
+/// A tidegate as its own process (for signals and SIGKILL): `config` gets
+/// the address to listen on and a fresh directory, and returns the config
+/// text; the process is killed and reaped when dropped.
+pub struct Process {
+    pub child: std::process::Child,
+    pub addr: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Process {
+    pub fn spawn(config: impl FnOnce(&str, &std::path::Path) -> String) -> Process {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let path = dir.path().join("tidegate.yaml");
+        std::fs::write(&path, config(&addr, dir.path())).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Process { child, addr, dir }
+    }
+
+    /// `http://addr`.
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// An admin endpoint's JSON, with the admin key tests configure (`adm`).
 pub async fn admin_json(gw: &Running, path: &str) -> serde_json::Value {
     client().get(url(gw, path)).bearer_auth("adm").send().await.unwrap().json().await.unwrap()
