@@ -60,6 +60,15 @@ pub enum GatewayError {
         /// Estimated from the drain rate.
         retry_after: std::time::Duration,
     },
+    /// The client key is over its own limits (lane full, or its rate
+    /// would not allow the request before its deadline).
+    #[error("{message}")]
+    ClientLimit {
+        /// What limit, and how full.
+        message: String,
+        /// When the key's lane will have room.
+        retry_after: std::time::Duration,
+    },
     /// The client did not send its body within `body_timeout`.
     #[error("the request body did not arrive within {}s", limit.as_secs())]
     BodyTimeout {
@@ -94,6 +103,9 @@ impl GatewayError {
             GatewayError::GaveUp { status, kind, .. } => (*status, *kind, Some("upstream_unavailable")),
             GatewayError::BadDeadline(_) => (StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, None),
             GatewayError::QueueFull { .. } => (StatusCode::TOO_MANY_REQUESTS, ErrorKind::RateLimit, Some("queue_full")),
+            GatewayError::ClientLimit { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, ErrorKind::RateLimit, Some("client_limit"))
+            }
             GatewayError::ShuttingDown => {
                 (StatusCode::SERVICE_UNAVAILABLE, ErrorKind::Overloaded, Some("shutting_down"))
             }
@@ -113,6 +125,7 @@ impl GatewayError {
             GatewayError::NoRoute(_) => "unknown_path",
             GatewayError::GaveUp { .. } => "gave_up",
             GatewayError::QueueFull { .. } => "queue_full",
+            GatewayError::ClientLimit { .. } => "client_limit",
             GatewayError::BadDeadline(_) => "bad_deadline",
             GatewayError::BodyTimeout { .. } => "body_timeout",
             GatewayError::Forbidden(_) => "foreign_origin",
@@ -148,7 +161,7 @@ impl GatewayError {
         *resp.status_mut() = status;
         let headers = resp.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let GatewayError::QueueFull { retry_after, .. } = &self {
+        if let GatewayError::QueueFull { retry_after, .. } | GatewayError::ClientLimit { retry_after, .. } = &self {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
         }
         if matches!(self, GatewayError::TooLarge { .. } | GatewayError::BodyTimeout { .. }) {

@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use crate::anomaly::Anomaly;
 use crate::config::Config;
 use crate::journal::Journal;
+use crate::lanes::Lanes;
 use crate::metrics::Metrics;
 use crate::pins::Pins;
 use crate::recent::Recent;
@@ -34,6 +35,8 @@ pub struct Gateway {
     pub aliases: Vec<Arc<str>>,
     /// Per-client flood warnings.
     pub anomaly: Anomaly,
+    /// Each client key's lane: its limits, weight and priority.
+    pub lanes: Lanes,
     /// Where every request's report goes — the journal, the metrics, the
     /// dashboard's recent buckets — which the admin endpoints read too.
     /// Built once: a per-request copy would clone and drop the journal's
@@ -60,7 +63,8 @@ impl Gateway {
     pub fn new(config: Config) -> Result<Self, BuildError> {
         let shared = match &config.state {
             Some(url) => {
-                let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+                let mut names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+                names.extend(Lanes::shared_names(&config));
                 Some(SharedState::start(url.expose(), config.state_lease_ttl, &names)?)
             }
             None => None,
@@ -89,6 +93,7 @@ impl Gateway {
             active: Default::default(),
             flood: Default::default(),
         });
+        let lanes = Lanes::new(&config, shared.as_ref());
         let tasks = TaskTracker::new();
         let pins = Pins::new(config.response_pin_ttl, shared.clone(), names.clone(), tasks.clone());
         Ok(Self {
@@ -96,6 +101,7 @@ impl Gateway {
             upstreams,
             aliases,
             anomaly,
+            lanes,
             sink,
             tasks,
             pins,
@@ -137,6 +143,9 @@ impl Gateway {
             follower.abort();
         }
         let mut trackers = vec![&self.tasks];
+        for limiter in self.lanes.limiters() {
+            trackers.push(limiter.tasks());
+        }
         for u in &self.upstreams {
             trackers.push(u.limiter.tasks());
             if let Some(shared) = &u.shared {

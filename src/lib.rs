@@ -8,10 +8,13 @@
 //!        ──► protocol  the endpoint's wire protocol: read `model`, `stream`
 //!                      and routing fields only; splice a renamed model
 //!        ──► config    alias or pattern → ordered equivalent targets
+//!        ──► lanes     the client key's own limits, weight and priority:
+//!                      wait in its lane when it is at them
 //!        ──► relay     the attempt loop: pick target → acquire → send →
 //!                      classify → feed back → decide (gateway: shared state)
 //!        ──► health    cooldowns and circuit breakers (which target)
-//!        ──► limits    per-upstream queue, concurrency slots, rate buckets
+//!        ──► limits    per-upstream queue (priority, then weighted fair
+//!                      between keys), concurrency slots, rate buckets
 //!                      (shared: the same as leases in Redis, for replicas)
 //!        ──► classify  what an answer means; retry: what to do about it
 //!        ──► upstream  per-provider client: auth, headers, pooling, timeouts
@@ -41,6 +44,7 @@ pub mod flood;
 pub mod gateway;
 pub mod health;
 pub mod journal;
+pub mod lanes;
 pub mod limits;
 pub mod logging;
 pub mod metrics;

@@ -57,6 +57,9 @@ pub struct Report {
     /// refusal before routing beyond the per-second sample, see
     /// [`crate::flood`]).
     pub counted_only: bool,
+    /// The request's place in its client key's lane: released (and its
+    /// tpm settled with `usage`) when the report finishes.
+    pub pass: Option<crate::lanes::Pass>,
     /// Where the record goes besides the log line (counted as in flight
     /// there until finished: see [`Report::into`]).
     sink: Option<Arc<Sink>>,
@@ -125,6 +128,7 @@ impl Report {
             partial: None,
             anomaly: false,
             counted_only: false,
+            pass: None,
             sink: None,
             finished: false,
         }
@@ -200,6 +204,9 @@ impl Report {
             return;
         }
         self.finished = true;
+        if let Some(mut pass) = self.pass.take() {
+            pass.settle(self.usage.input.unwrap_or(0) + self.usage.output.unwrap_or(0));
+        }
         let sink = self.sink.take();
         if let Some(sink) = &sink {
             self.count(outcome, sink);

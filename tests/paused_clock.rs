@@ -47,7 +47,8 @@ fn job(gw: &Arc<Gateway>, deadline: Duration) -> Job {
         deadline: Instant::now() + deadline,
         chained: false,
         progress: Arc::new(Progress::default()),
-        client: "-".into(),
+        who: tidegate::limits::Who::plain("-"),
+        lane: None,
         resumes: 0,
         pin: None,
     }

@@ -7,6 +7,7 @@
 //! shows the whole list at once.
 
 mod env;
+pub mod lanes;
 pub mod raw;
 mod validate;
 
@@ -26,6 +27,7 @@ use crate::limits::LimitConfig;
 use crate::protocol::Family;
 use crate::retry::Policy;
 
+pub use lanes::{AnomalyAction, LaneConfig, LaneLimits};
 pub use validate::parse_size;
 
 /// The commented config `tidegate serve` writes when none exists.
@@ -51,6 +53,11 @@ pub struct Config {
     pub max_stream_event: usize,
     /// Accepted client keys; empty disables client auth (loopback only).
     pub client_keys: Vec<ClientKey>,
+    /// Share of contended slots batch requests get while interactive ones
+    /// wait too.
+    pub batch_share: f64,
+    /// What a flagged flood does to its key; `None`: it only warns.
+    pub anomaly_action: Option<AnomalyAction>,
     /// Without client keys: Hosts and Origins served besides loopback.
     pub allowed_origins: Vec<String>,
     /// Key for `/admin`; `None` disables it.
@@ -99,6 +106,8 @@ pub struct ClientKey {
     pub name: String,
     /// The key; never printed.
     pub key: Secret,
+    /// Its limits, weight and priority.
+    pub lane: LaneConfig,
 }
 
 /// One upstream, typed.

@@ -72,6 +72,16 @@ pub struct RawConfig {
     /// Keys clients must present; empty means no client auth (loopback only).
     #[serde(default)]
     pub client_keys: Vec<RawClientKey>,
+    /// Lane limits for every client key that sets none of its own.
+    #[serde(default)]
+    pub client_defaults: RawClientDefaults,
+    /// Share of contended slots batch requests get while interactive
+    /// ones wait (0..1, default 0.1).
+    #[serde(default)]
+    pub batch_share: Option<f64>,
+    /// Turn the flood warning into a temporary penalty for the key.
+    #[serde(default)]
+    pub anomaly_action: Option<RawAnomalyAction>,
     /// Without client_keys: Host names and Origins (besides loopback) whose
     /// requests are served.
     #[serde(default)]
@@ -159,7 +169,7 @@ pub enum RawSize {
     Text(String),
 }
 
-/// One accepted client key.
+/// One accepted client key, with its lane (limits and standing).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawClientKey {
@@ -167,6 +177,84 @@ pub struct RawClientKey {
     pub name: String,
     /// The key itself (use `${ENV_VAR}`).
     pub key: String,
+    /// Requests of this key served at once (across all upstreams).
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+    /// Requests per minute for this key.
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    /// Tokens per minute for this key.
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    /// Requests of this key allowed to wait in its lane.
+    #[serde(default)]
+    pub max_queue: Option<usize>,
+    /// Share of contended slots relative to other keys.
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// `interactive` or `batch`: the default and the most a request may ask.
+    #[serde(default)]
+    pub priority: Option<String>,
+    /// Limits of this key per model alias (the key as written in `models`).
+    #[serde(default)]
+    pub models: IndexMap<String, RawLaneLimits>,
+}
+
+/// Limits applied to every client key that does not set its own.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientDefaults {
+    /// Requests of a key served at once.
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+    /// Requests per minute per key.
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    /// Tokens per minute per key.
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    /// Requests of a key allowed to wait in its lane.
+    #[serde(default)]
+    pub max_queue: Option<usize>,
+    /// Weight of a key.
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// Priority of a key.
+    #[serde(default)]
+    pub priority: Option<String>,
+}
+
+/// A key's limits for one model alias.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLaneLimits {
+    /// Requests served at once.
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+    /// Requests per minute.
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    /// Tokens per minute.
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    /// Requests allowed to wait.
+    #[serde(default)]
+    pub max_queue: Option<usize>,
+}
+
+/// What a flagged flood does to its key (opt-in).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAnomalyAction {
+    /// Lower the key's priority to this while the penalty lasts.
+    #[serde(default)]
+    pub priority: Option<String>,
+    /// Cap the key's concurrent requests at this while the penalty lasts.
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+    /// How long the penalty lasts after the last flagged request.
+    #[serde(default, rename = "for")]
+    pub lasts: Option<String>,
 }
 
 /// One upstream provider endpoint.

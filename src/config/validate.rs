@@ -8,6 +8,7 @@ use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
 use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
+use super::lanes::{self, LaneConfig};
 use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Strategy, Target, UpstreamConfig};
 use crate::anomaly::AnomalyConfig;
 use crate::classify::{Rule, Rules};
@@ -88,6 +89,9 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         if !names.insert(u.name.as_str()) {
             problems.push(format!("upstreams[{i}].name: {:?} is used twice", u.name));
         }
+        if u.name.starts_with("client:") {
+            problems.push(format!("upstreams[{i}].name: {:?} must not start with client: (client lanes' names)", u.name));
+        }
         if let Some(up) = upstream(i, u, problems) {
             upstreams.push(up);
         }
@@ -141,6 +145,24 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         duration("defaults.stream_keepalive_every", &d.stream_keepalive_every, Duration::from_secs(5), problems);
     let models = models(&raw, &upstreams, deadline, problems);
     let patterns = pattern_order(&models, problems);
+    let mut client_keys = client_keys;
+    let lane_defaults = lanes::defaults(&raw.client_defaults, problems);
+    for (i, (key, raw_key)) in client_keys.iter_mut().zip(&raw.client_keys).enumerate() {
+        key.lane = lanes::lane(i, raw_key, &lane_defaults, &models, problems);
+    }
+    for (i, key) in client_keys.iter().enumerate() {
+        if let Some(j) = client_keys[..i].iter().position(|k| k.name == key.name && k.lane != key.lane) {
+            problems.push(format!(
+                "client_keys[{i}]: has the name of client_keys[{j}] but other limits (keys sharing a name share \
+                 one lane: give them the same limits, or different names)"
+            ));
+        }
+    }
+    let batch_share = lanes::batch_share(raw.batch_share, problems);
+    for u in &mut upstreams {
+        u.limits.batch_share = batch_share;
+    }
+    let anomaly_action = lanes::anomaly_action(raw.anomaly_action.as_ref(), problems);
     let state = match raw.state.as_deref() {
         None | Some("") | Some("memory") => None,
         Some(url) => match url::Url::parse(url) {
@@ -183,6 +205,8 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         keep_partial: raw.keep_partial.unwrap_or(true),
         anomaly,
         client_keys,
+        batch_share,
+        anomaly_action,
         allowed_origins: raw.allowed_origins.clone(),
         upstreams,
         models,
@@ -208,7 +232,7 @@ fn client_keys(raw: &RawConfig, problems: &mut Vec<String>) -> Vec<ClientKey> {
         } else if !seen.insert(k.key.as_str()) {
             problems.push(format!("client_keys[{i}].key: the same key is listed twice"));
         }
-        keys.push(ClientKey { name: k.name.clone(), key: Secret::new(k.key.clone()) });
+        keys.push(ClientKey { name: k.name.clone(), key: Secret::new(k.key.clone()), lane: LaneConfig::default() });
     }
     keys
 }
@@ -295,6 +319,8 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         },
         rpm: u.rpm,
         tpm: u.tpm,
+        // Set once the top level's `batch_share` is read.
+        batch_share: fallback.batch_share,
     };
     for (field, zero) in [
         ("max_concurrent", u.max_concurrent == Some(0)),

@@ -39,6 +39,15 @@ impl Gcra {
         allowed_at.saturating_duration_since(now)
     }
 
+    /// Units reserved within the last period, as far as the bucket can
+    /// tell (its theoretical arrival time ahead of now, in units).
+    pub fn used(&self, now: Instant) -> u64 {
+        let Ok(tat) = self.tat.lock() else { return 0 };
+        let ahead = tat.map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+        let interval = self.interval.as_nanos().max(1);
+        ahead.as_nanos().div_ceil(interval) as u64
+    }
+
     /// Corrects an earlier reservation once the real cost is known:
     /// positive `delta` charges more, negative refunds (never into the past).
     pub fn adjust(&self, delta: i64, now: Instant) {

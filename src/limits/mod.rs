@@ -12,16 +12,19 @@
 //! by 1/limit per success, up to the declared `max_concurrent` or
 //! `adaptive_max`.
 
+pub mod fair;
 pub mod gcra;
 pub mod slots;
 
-use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+pub use fair::{Priority, Who};
+use fair::Fair;
 use gcra::Gcra;
 use slots::{Lease, MemorySlots};
 use tokio_util::task::TaskTracker;
@@ -45,6 +48,8 @@ pub struct LimitConfig {
     pub rpm: Option<u64>,
     /// Tokens per minute.
     pub tpm: Option<u64>,
+    /// Share of slots batch requests get while interactive ones wait too.
+    pub batch_share: f64,
 }
 
 impl Default for LimitConfig {
@@ -57,6 +62,7 @@ impl Default for LimitConfig {
             slot_release_delay: Duration::ZERO,
             rpm: None,
             tpm: None,
+            batch_share: 0.1,
         }
     }
 }
@@ -92,66 +98,19 @@ pub struct Snapshot {
 }
 
 struct Waiter {
-    id: u64,
     tx: oneshot::Sender<Permit>,
 }
 
-#[derive(Default)]
 struct Queue {
-    ring: VecDeque<String>,
-    waiters: HashMap<String, VecDeque<Waiter>>,
-    queued: usize,
-    next_id: u64,
+    fair: Fair<Waiter>,
     last_release: Option<Instant>,
     drain_per_sec: f64,
 }
 
 impl Queue {
-    fn push(&mut self, client: &str, tx: oneshot::Sender<Permit>) -> u64 {
-        self.next_id += 1;
-        let id = self.next_id;
-        let q = self.waiters.entry(client.to_owned()).or_default();
-        if q.is_empty() {
-            self.ring.push_back(client.to_owned());
-        }
-        q.push_back(Waiter { id, tx });
-        self.queued += 1;
-        id
-    }
-
-    /// Next waiter, client keys in turn.
-    fn pop(&mut self) -> Option<Waiter> {
-        while let Some(client) = self.ring.pop_front() {
-            let Some(q) = self.waiters.get_mut(&client) else { continue };
-            let Some(w) = q.pop_front() else {
-                self.waiters.remove(&client);
-                continue;
-            };
-            if q.is_empty() {
-                self.waiters.remove(&client);
-            } else {
-                self.ring.push_back(client);
-            }
-            self.queued -= 1;
-            return Some(w);
-        }
-        None
-    }
-
-    fn remove(&mut self, client: &str, id: u64) {
-        let Some(q) = self.waiters.get_mut(client) else { return };
-        let before = q.len();
-        q.retain(|w| w.id != id);
-        self.queued -= before - q.len();
-        if q.is_empty() {
-            self.waiters.remove(client);
-            self.ring.retain(|c| c != client);
-        }
-    }
-
     fn retry_after(&self) -> Duration {
         let rate = if self.drain_per_sec > 0.0 { self.drain_per_sec } else { 1.0 };
-        Duration::from_secs_f64(((self.queued + 1) as f64 / rate).clamp(1.0, 300.0))
+        Duration::from_secs_f64(((self.fair.len() + 1) as f64 / rate).clamp(1.0, 300.0))
     }
 }
 
@@ -166,6 +125,8 @@ pub struct Limiter {
     rpm: Option<Gcra>,
     tpm: Option<Gcra>,
     effective: Mutex<f64>,
+    /// A temporary lower cap (0: none), e.g. a client key's penalty.
+    ceiling: AtomicU32,
     queue: Mutex<Queue>,
     shared: Option<Shared>,
 }
@@ -218,14 +179,14 @@ const MINUTE: Duration = Duration::from_secs(60);
 /// Removes a waiter that gave up (deadline, client gone) from the queue.
 struct QueueSpot<'a> {
     limiter: &'a Limiter,
-    client: &'a str,
+    who: &'a Who,
     id: u64,
 }
 
 impl Drop for QueueSpot<'_> {
     fn drop(&mut self) {
         if let Ok(mut q) = self.limiter.queue.lock() {
-            q.remove(self.client, self.id);
+            q.fair.remove(self.who, self.id);
         }
     }
 }
@@ -250,7 +211,8 @@ impl Limiter {
             rpm: config.rpm.map(|n| Gcra::new(n, minute)),
             tpm: config.tpm.map(|n| Gcra::new(n, minute)),
             effective: Mutex::new(start),
-            queue: Mutex::new(Queue::default()),
+            ceiling: AtomicU32::new(0),
+            queue: Mutex::new(Queue { fair: Fair::new(config.batch_share), last_release: None, drain_per_sec: 0.0 }),
             slots: MemorySlots::default(),
             tasks: TaskTracker::new(),
             shared,
@@ -271,7 +233,32 @@ impl Limiter {
                 eff = limit;
             }
         }
-        (eff.floor() as u32).max(1)
+        let limit = (eff.floor() as u32).max(1);
+        match self.ceiling.load(Ordering::Acquire) {
+            0 => limit,
+            ceiling => limit.min(ceiling),
+        }
+    }
+
+    /// Caps the limit at `ceiling` until lifted with `None` (a client key
+    /// under penalty); lifting hands freed capacity to waiters at once.
+    pub fn set_ceiling(&self, ceiling: Option<u32>) {
+        let before = self.ceiling.swap(ceiling.map_or(0, |c| c.max(1)), Ordering::AcqRel);
+        if before != 0 && ceiling.is_none() {
+            self.dispatch();
+        }
+    }
+
+    /// Requests of client `name` waiting here.
+    pub fn waiting_of(&self, name: &str) -> usize {
+        self.queue.lock().map_or(0, |q| q.fair.waiting_of(name))
+    }
+
+    /// Units of the rpm and tpm buckets used in the last minute (this
+    /// replica's view).
+    pub fn rate_used(&self) -> (Option<u64>, Option<u64>) {
+        let now = Instant::now();
+        (self.rpm.as_ref().map(|b| b.used(now)), self.tpm.as_ref().map(|b| b.used(now)))
     }
 
     /// Whether this limiter's state is shared with other replicas right now.
@@ -299,17 +286,20 @@ impl Limiter {
         Snapshot {
             in_flight: self.slots.taken(),
             effective_limit: self.effective_limit(),
-            queued: self.queue.lock().map_or(0, |q| q.queued),
+            queued: self.queue.lock().map_or(0, |q| q.fair.len()),
         }
     }
 
     /// Waits for the rate buckets and a slot, in turn with other clients,
     /// until `deadline`; with shared state, then for a shared lease too.
     /// Cancel-safe: dropping the future leaves the queues.
-    pub async fn acquire(self: &Arc<Self>, client: &str, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
+    pub async fn acquire(self: &Arc<Self>, who: &Who, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
         let started = Instant::now();
-        let mut permit = self.acquire_local(client, tokens, deadline).await?;
-        let Some(shared) = &self.shared else { return Ok(permit) };
+        let mut permit = self.acquire_local(who, tokens, deadline).await?;
+        // Only a counted limit has leases to share (rate buckets are
+        // shared in `rate_wait`).
+        let counted = self.config.max_concurrent.is_some() || self.config.adaptive;
+        let Some(shared) = self.shared.as_ref().filter(|_| counted) else { return Ok(permit) };
         match shared.state.acquire(&shared.upstream, self.cap() as u32, deadline).await {
             SharedSlot::Leased(lease, limit) => {
                 permit.shared = Some(lease);
@@ -329,7 +319,7 @@ impl Limiter {
         }
     }
 
-    async fn acquire_local(self: &Arc<Self>, client: &str, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
+    async fn acquire_local(self: &Arc<Self>, who: &Who, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
         let started = Instant::now();
         let wait = self.rate_wait(tokens, started).await;
         if !wait.is_zero() {
@@ -342,20 +332,20 @@ impl Limiter {
             let Ok(mut q) = self.queue.lock() else {
                 return Err(Refused::QueueFull { queued: 0, retry_after: Duration::from_secs(1) });
             };
-            if q.queued == 0 {
+            if q.fair.is_empty() {
                 if let Some(lease) = self.slots.try_take(self.effective_limit()) {
                     return Ok(Permit { limiter: self.clone(), lease: Some(lease), shared: None, tokens });
                 }
             }
-            if q.queued >= self.config.max_queue {
-                return Err(Refused::QueueFull { queued: q.queued, retry_after: q.retry_after() });
+            if q.fair.len() >= self.config.max_queue {
+                return Err(Refused::QueueFull { queued: q.fair.len(), retry_after: q.retry_after() });
             }
             let (tx, rx) = oneshot::channel();
-            let id = q.push(client, tx);
+            let id = q.fair.push(who, Waiter { tx });
             (rx, id)
         };
         let (rx, id) = rx;
-        let spot = QueueSpot { limiter: self, client, id };
+        let spot = QueueSpot { limiter: self, who, id };
         // A slot may have freed between the failed take and the push.
         self.dispatch();
         match tokio::time::timeout_at(deadline, rx).await {
@@ -470,12 +460,12 @@ impl Limiter {
         self.dispatch();
     }
 
-    /// Hands free slots to waiters, client keys in turn.
+    /// Hands free slots to waiters, in the order of [`fair`].
     fn dispatch(&self) {
         let Ok(mut q) = self.queue.lock() else { return };
-        while q.queued > 0 {
+        while !q.fair.is_empty() {
             let Some(lease) = self.slots.try_take(self.effective_limit()) else { break };
-            let Some(waiter) = q.pop() else {
+            let Some(waiter) = q.fair.pop() else {
                 self.slots.give_back(lease);
                 break;
             };
@@ -509,30 +499,30 @@ mod tests {
     #[tokio::test]
     async fn slots_come_back_on_drop_and_on_panic() {
         let l = limiter(1);
-        let p = l.acquire("a", 1, far()).await.unwrap();
+        let p = l.acquire(&Who::plain("a"), 1, far()).await.unwrap();
         assert_eq!(l.in_flight(), 1);
         drop(p);
         assert_eq!(l.in_flight(), 0);
         let l2 = l.clone();
         let task = tokio::spawn(async move {
-            let _permit = l2.acquire("a", 1, far()).await;
+            let _permit = l2.acquire(&Who::plain("a"), 1, far()).await;
             panic!("request handler panicked while holding a slot");
         });
         assert!(task.await.is_err());
         assert_eq!(l.in_flight(), 0, "a panic leaked the slot");
-        assert!(l.acquire("a", 1, far()).await.is_ok());
+        assert!(l.acquire(&Who::plain("a"), 1, far()).await.is_ok());
     }
 
     #[tokio::test]
     async fn waiters_are_served_round_robin_across_clients() {
         let l = limiter(1);
-        let first = l.acquire("a", 1, far()).await.unwrap();
+        let first = l.acquire(&Who::plain("a"), 1, far()).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (i, client) in ["a", "a", "a", "b", "a", "b"].iter().enumerate() {
             let (l, order) = (l.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let p = l.acquire(client, 1, far()).await.unwrap();
+                let p = l.acquire(&Who::plain(client), 1, far()).await.unwrap();
                 order.lock().unwrap().push(format!("{client}{i}"));
                 drop(p);
             }));
@@ -553,10 +543,10 @@ mod tests {
             slot_release_delay: Duration::from_secs(45),
             ..Default::default()
         });
-        drop(l.acquire("a", 1, far()).await.unwrap());
+        drop(l.acquire(&Who::plain("a"), 1, far()).await.unwrap());
         assert_eq!(l.in_flight(), 1, "freed too early");
         let started = Instant::now();
-        let p = l.acquire("a", 1, started + Duration::from_secs(120)).await.unwrap();
+        let p = l.acquire(&Who::plain("a"), 1, started + Duration::from_secs(120)).await.unwrap();
         assert!(started.elapsed() >= Duration::from_secs(45));
         drop(p);
     }
@@ -581,11 +571,11 @@ mod tests {
     #[tokio::test]
     async fn ten_thousand_waiters_cost_little_and_leave_cleanly() {
         let l = Limiter::new(LimitConfig { max_concurrent: Some(1), max_queue: 20_000, ..Default::default() });
-        let holder = l.acquire("a", 1, far()).await.unwrap();
+        let holder = l.acquire(&Who::plain("a"), 1, far()).await.unwrap();
         let tasks: Vec<_> = (0..10_000)
             .map(|i| {
                 let l = l.clone();
-                tokio::spawn(async move { l.acquire(if i % 2 == 0 { "a" } else { "b" }, 1, far()).await.is_ok() })
+                tokio::spawn(async move { l.acquire(&Who::plain(if i % 2 == 0 { "a" } else { "b" }), 1, far()).await.is_ok() })
             })
             .collect();
         for _ in 0..2000 {

@@ -34,7 +34,9 @@ pub use answer::Answer;
 
 use crate::classify::{self, Class, Outcome, TransportFailure};
 use crate::gateway::Gateway;
-use crate::limits::Permit;
+use crate::error::GatewayError;
+use crate::lanes::{Lane, Pass};
+use crate::limits::{Permit, Who};
 use crate::protocol::{self, Endpoint, Protocol, RequestHead};
 use crate::record::{AttemptLog, Verdict, WaitSource};
 use crate::retry::{self, Decision, GiveUp, Situation};
@@ -90,8 +92,11 @@ pub struct Job {
     pub chained: bool,
     /// Where the loop stands (for keep-alive comments).
     pub progress: Arc<Progress>,
-    /// Client key name, for fair queueing.
-    pub client: String,
+    /// The client key as the queues see it: name, weight, priority.
+    pub who: Who,
+    /// The key's lane, entered before the first attempt (`None`: no
+    /// client keys, or a continuation of a request already in it).
+    pub lane: Option<Arc<Lane>>,
     /// Continuations this request may still ask for.
     pub resumes: u8,
     /// The upstream that stores the state this request continues
@@ -113,8 +118,11 @@ pub struct Relayed {
     pub upstream: Option<usize>,
     /// Every attempt, in order.
     pub attempts: Vec<AttemptLog>,
-    /// Time spent waiting for slots and rate buckets.
+    /// Time spent waiting for slots and rate buckets (the key's lane's
+    /// included).
     pub queue_wait: Duration,
+    /// The request's place in its key's lane, held until its last byte.
+    pub pass: Option<Pass>,
 }
 
 /// What a single attempt produced.
@@ -129,16 +137,53 @@ enum Attempt {
     Ended(Outcome),
 }
 
-/// Runs attempts across the alias's targets until success, a final error,
-/// or the deadline.
+/// Tokens a request reserves from tpm buckets before its usage is known.
+fn tokens_of(job: &Job) -> u64 {
+    if job.endpoint.spends_tokens() {
+        job.head.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) + job.body.len() as u64 / 4
+    } else {
+        0
+    }
+}
+
+/// Enters the client key's lane, then runs attempts across the alias's
+/// targets until success, a final error, or the deadline.
 pub async fn relay(job: Job) -> Relayed {
+    let Some(lane) = job.lane.clone() else { return attempts(job).await };
+    let started = Instant::now();
+    let entered = tokio::select! {
+        biased;
+        entered = lane.enter(&job.who, job.route, tokens_of(&job), job.deadline) => entered,
+        () = job.gw.closing.cancelled() => Err(GatewayError::ShuttingDown),
+    };
+    let in_lane = started.elapsed();
+    match entered {
+        Ok(pass) => {
+            let mut relayed = attempts(job).await;
+            relayed.queue_wait += in_lane;
+            relayed.pass = Some(pass);
+            relayed
+        }
+        Err(error) => Relayed {
+            answer: Answer::Gateway(error),
+            upstream: None,
+            attempts: Vec::new(),
+            queue_wait: in_lane,
+            pass: None,
+        },
+    }
+}
+
+/// The attempt loop proper.
+async fn attempts(job: Job) -> Relayed {
     let Some((_, route)) = job.gw.config.models.get_index(job.route) else {
-        let error = crate::error::GatewayError::UnknownModel("model has no usable target".into());
+        let error = GatewayError::UnknownModel("model has no usable target".into());
         return Relayed {
             answer: Answer::Gateway(error),
             upstream: None,
             attempts: Vec::new(),
             queue_wait: Duration::ZERO,
+            pass: None,
         };
     };
     let mut run = Run {
@@ -149,11 +194,7 @@ pub async fn relay(job: Job) -> Relayed {
         queue_wait: Duration::ZERO,
         last: None,
     };
-    let tokens = if job.endpoint.spends_tokens() {
-        job.head.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) + job.body.len() as u64 / 4
-    } else {
-        0
-    };
+    let tokens = tokens_of(&job);
     loop {
         let ti = match run.pick().await {
             Ok(ti) => ti,
@@ -235,7 +276,7 @@ impl Run<'_> {
 
     /// The answer to a request still waiting when the shutdown grace ends.
     fn closed(&mut self, ti: usize) -> Relayed {
-        self.stop(Answer::Gateway(crate::error::GatewayError::ShuttingDown), Some(ti))
+        self.stop(Answer::Gateway(GatewayError::ShuttingDown), Some(ti))
     }
 
     fn stop(&mut self, answer: Answer, ti: Option<usize>) -> Relayed {
@@ -244,6 +285,7 @@ impl Run<'_> {
             upstream: ti.map(|ti| self.targets.upstream(ti)),
             attempts: std::mem::take(&mut self.attempts),
             queue_wait: self.queue_wait,
+            pass: None,
         }
     }
 
@@ -288,7 +330,7 @@ impl Run<'_> {
         }
         self.job.progress.attempt(index);
         let queued_at = Instant::now();
-        let acquired = self.unless_closing(upstream.limiter.acquire(&self.job.client, tokens, self.job.deadline)).await;
+        let acquired = self.unless_closing(upstream.limiter.acquire(&self.job.who, tokens, self.job.deadline)).await;
         let Some(acquired) = acquired else { return Err(self.closed(ti)) };
         match acquired {
             Ok(permit) => {
@@ -534,6 +576,8 @@ fn continuation(job: Job) -> resume::Reopen {
         next.body = body;
         next.head = head;
         next.resumes = 0;
+        // Still the same request: its lane pass is held by the stream.
+        next.lane = None;
         next.progress = Arc::new(Progress::default());
         let reopening: resume::Reopening = Box::pin(async move {
             let relayed = relay(next).await;

@@ -95,6 +95,7 @@ impl WaitingBody {
         report.upstream = relayed.upstream.and_then(|i| self.names.get(i).cloned());
         report.attempts = relayed.attempts;
         report.queue_wait = relayed.queue_wait;
+        report.pass = relayed.pass;
         match relayed.answer {
             Answer::Stream(_, mut body) => {
                 body.attach(report);

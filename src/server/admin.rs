@@ -21,7 +21,7 @@ use crate::protocol::Protocol;
 /// `x-api-key`); without one configured, every admin request is refused.
 fn authorized(gw: &Gateway, headers: &HeaderMap) -> bool {
     let Some(key) = &gw.config.admin_key else { return false };
-    let keys = [ClientKey { name: "admin".into(), key: key.clone() }];
+    let keys = [ClientKey { name: "admin".into(), key: key.clone(), lane: Default::default() }];
     matches!(authenticate(&keys, headers), Ok(Some(_)))
 }
 

@@ -97,8 +97,8 @@ mod tests {
 
     fn keys() -> Vec<ClientKey> {
         vec![
-            ClientKey { name: "alice".into(), key: Secret::new("k-alice") },
-            ClientKey { name: "bob".into(), key: Secret::new("k-bob") },
+            ClientKey { name: "alice".into(), key: Secret::new("k-alice"), lane: Default::default() },
+            ClientKey { name: "bob".into(), key: Secret::new("k-bob"), lane: Default::default() },
         ]
     }
 

@@ -16,6 +16,7 @@ use super::auth::{authenticate, local_only};
 use crate::anomaly::Verdict;
 use crate::config::ModelRoute;
 use crate::error::GatewayError;
+use crate::limits::{Priority, Who};
 use crate::gateway::Gateway;
 use crate::protocol::{self, Endpoint, Family, Protocol};
 use crate::record::Outcome;
@@ -132,15 +133,17 @@ async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
             return label(error.into_response(protocol), id, None, 0);
         }
     };
-    if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.client, Instant::now()) {
+    if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, Instant::now()) {
         report.anomaly = true;
+        let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
         if first {
-            gw.sink.metrics.anomaly(&job.client);
+            gw.sink.metrics.anomaly(&job.who.name);
             tracing::warn!(
-                client = %job.client,
+                client = %job.who.name,
                 count,
                 baseline,
-                "request volume far above this client's baseline (warning only; nothing is blocked)"
+                penalised,
+                "request volume far above this client's baseline"
             );
         }
     }
@@ -168,6 +171,7 @@ fn respond(gw: &Gateway, protocol: Protocol, relayed: Relayed, mut report: Repor
     report.upstream = upstream.clone();
     report.attempts = relayed.attempts;
     report.queue_wait = relayed.queue_wait;
+    report.pass = relayed.pass;
     report.class = relayed.answer.class();
     let id = report.id;
     let response = match relayed.answer {
@@ -178,7 +182,9 @@ fn respond(gw: &Gateway, protocol: Protocol, relayed: Relayed, mut report: Repor
         }
         other => {
             let outcome = match &other {
-                Answer::Gateway(GatewayError::QueueFull { .. }) => Outcome::Rejected,
+                Answer::Gateway(GatewayError::QueueFull { .. } | GatewayError::ClientLimit { .. }) => {
+                    Outcome::Rejected
+                }
                 Answer::Gateway(_) => Outcome::Failed,
                 // The upstream's own error, passed on: the request failed.
                 Answer::Verbatim { .. } => Outcome::Failed,
@@ -280,6 +286,20 @@ async fn prepare(
         Some(id) => pinned(gw, id, model).await?,
         None => None,
     };
+    let asked = match parts.headers.get("x-tidegate-priority") {
+        None => None,
+        Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
+            GatewayError::BadRequest(format!(
+                "x-tidegate-priority: {:?} is not a priority (interactive or batch)",
+                String::from_utf8_lossy(v.as_bytes())
+            ))
+        })?),
+    };
+    let lane = report.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
+    let who = match &lane {
+        Some(lane) => lane.who(asked, Instant::now()),
+        None => Who { priority: asked.unwrap_or_default(), ..Who::plain("-") },
+    };
     Ok(Job {
         gw: gw.clone(),
         endpoint,
@@ -290,7 +310,8 @@ async fn prepare(
         client_headers: parts.headers,
         deadline,
         progress: Arc::new(Progress::default()),
-        client: report.client.clone().unwrap_or_else(|| "-".into()),
+        who,
+        lane,
         resumes: relay::MAX_RESUMES,
         pin,
     })
