@@ -3,8 +3,9 @@
 //! Counters and histograms are updated once per request, when its report is
 //! finished (never per chunk); per-upstream gauges (in-flight, effective
 //! limit, queue, journal drops) are read at scrape time, so they cost the
-//! request path nothing. Labels are configured names only — upstream names
-//! and model aliases — never a key or a string a client made up.
+//! request path nothing. Labels are configured names only — upstream names,
+//! model aliases, client key names — never a key or a string a client
+//! made up.
 
 use std::collections::HashSet;
 
@@ -25,6 +26,7 @@ pub struct Metrics {
     ttfb: HistogramVec,
     duration: HistogramVec,
     gauges: IntGaugeVec,
+    clients: IntGaugeVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -74,7 +76,13 @@ impl Metrics {
             &["upstream", "what"],
         )?;
         registry.register(Box::new(gauges.clone()))?;
+        let clients = IntGaugeVec::new(
+            Opts::new("client_state", "per client key name: in_flight, queued, penalised; read at scrape time"),
+            &["client", "what"],
+        )?;
+        registry.register(Box::new(clients.clone()))?;
         Ok(Self {
+            clients,
             requests: counter(
                 "requests_total",
                 "requests by outcome, error class, upstream and model",
@@ -132,6 +140,11 @@ impl Metrics {
     /// Sets a scrape-time gauge.
     pub fn gauge(&self, upstream: &str, what: &str, value: i64) {
         self.gauges.with_label_values(&[upstream, what]).set(value);
+    }
+
+    /// Sets a scrape-time gauge of a client key (by its configured name).
+    pub fn client_gauge(&self, client: &str, what: &str, value: i64) {
+        self.clients.with_label_values(&[client, what]).set(value);
     }
 
     /// The text exposition.

@@ -129,6 +129,13 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
             gw.sink.metrics.gauge(name, "shared_state_up", i64::from(u.limiter.is_shared()));
         }
     }
+    let now = Instant::now();
+    for lane in gw.lanes.iter() {
+        let snap = lane.snapshot(now);
+        gw.sink.metrics.client_gauge(&snap.name, "in_flight", i64::from(snap.in_flight));
+        gw.sink.metrics.client_gauge(&snap.name, "queued", snap.queued as i64);
+        gw.sink.metrics.client_gauge(&snap.name, "penalised", i64::from(snap.penalised_for.is_some()));
+    }
     let dropped = gw.sink.journal.as_ref().map_or(0, |j| j.dropped());
     gw.sink.metrics.gauge("-", "journal_dropped_rows", dropped as i64);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], gw.sink.metrics.render()).into_response()
@@ -161,4 +168,41 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
         .collect();
     let dropped = gw.sink.journal.as_ref().map_or(0, |j| j.dropped());
     json_response(&json!({ "upstreams": list, "journal_dropped_rows": dropped }))
+}
+
+/// `GET /admin/clients`: per client key (by name, never the key): requests
+/// in flight, waiting (in its lane and in upstream queues), rate used in
+/// the last minute, the priority its requests get now, weight, limits and
+/// any flood penalty.
+pub async fn clients(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if !authorized(&gw, &headers) {
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
+    }
+    let now = Instant::now();
+    let list: Vec<_> = gw
+        .lanes
+        .iter()
+        .map(|lane| {
+            let s = lane.snapshot(now);
+            let upstream_queued: usize = gw.upstreams.iter().map(|u| u.limiter.waiting_of(lane.name())).sum();
+            json!({
+                "name": s.name,
+                "in_flight": s.in_flight,
+                "queued": s.queued,
+                "queued_upstream": upstream_queued,
+                "rpm_used": s.rate_used.0,
+                "tpm_used": s.rate_used.1,
+                "priority": s.priority.as_str(),
+                "weight": s.weight,
+                "penalised_ms": s.penalised_for.map(|d| d.as_millis() as u64),
+                "limits": {
+                    "max_concurrent": s.limits.max_concurrent,
+                    "rpm": s.limits.rpm,
+                    "tpm": s.limits.tpm,
+                    "max_queue": s.limits.max_queue,
+                },
+            })
+        })
+        .collect();
+    json_response(&json!({ "clients": list, "batch_share": gw.config.batch_share }))
 }

@@ -38,6 +38,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/healthz", get(handlers::healthz))
         .route("/metrics", get(admin::metrics))
         .route("/admin/upstreams", get(admin::upstreams))
+        .route("/admin/clients", get(admin::clients))
         .route("/admin/requests", get(admin::requests))
         .route("/admin/requests/{id}", get(admin::request))
         .route("/admin/stats", get(admin::stats))

@@ -61,6 +61,9 @@ writeFileSync(
   join(tmp, "tidegate.yaml"),
   `listen: 127.0.0.1:${gwPort}
 admin_key: ${ADMIN}
+client_keys:
+  - { name: ide, key: k-ide, weight: 3 }
+  - { name: nightly, key: k-nightly, priority: batch, max_concurrent: 2 }
 journal: ${join(tmp, "journal.db")}
 defaults:
   retry: { max_attempts: 3, base_delay: 20ms, max_delay: 50ms }
@@ -80,11 +83,11 @@ const base = `http://127.0.0.1:${gwPort}`;
 await waitFor(`${base}/healthz`);
 
 const post = (path, body, headers = {}) =>
-  fetch(`${base}${path}`, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
+  fetch(`${base}${path}`, { method: "POST", headers: { "content-type": "application/json", authorization: "Bearer k-ide", ...headers }, body: JSON.stringify(body) });
 
 let browser;
 try {
-  for (const path of ["/admin/upstreams", "/admin/stats", "/admin/requests"]) {
+  for (const path of ["/admin/upstreams", "/admin/stats", "/admin/requests", "/admin/clients"]) {
     const r = await fetch(`${base}${path}`);
     check(r.status === 401, `${path} without the key: 401 (got ${r.status})`);
   }
@@ -116,6 +119,13 @@ try {
   await page.waitForSelector("#upstreams tbody tr[data-upstream='sim-anthropic']", { timeout: 10000 });
   const names = await page.$$eval("#upstreams tbody tr", (rows) => rows.map((r) => r.dataset.upstream));
   check(names.join(",") === "sim-openai,sim-anthropic", `both upstreams listed (${names})`);
+  await page.waitForSelector("#clients tbody tr[data-client='nightly']", { timeout: 10000 });
+  const lanes = await page.$$eval("#clients tbody tr", (rows) => rows.map((r) => r.textContent));
+  check(
+    lanes.length === 2 && lanes[0].includes("interactive / 3") && lanes[1].includes("batch / 1") && lanes[1].includes("0 / 2"),
+    `client keys listed with priority, weight and cap (${lanes.join(" | ")})`,
+  );
+  check(!lanes.join(" ").includes("k-ide"), "client keys themselves are never shown");
   check(!page.url().includes(ADMIN), "the key is not in the URL");
   check((await page.evaluate(() => sessionStorage.getItem("tidegate-admin-key"))) === ADMIN, "the key is in session storage");
 

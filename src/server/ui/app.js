@@ -137,6 +137,24 @@ function renderUpstreams(state, stats) {
   body.replaceChildren(...rows);
 }
 
+function renderClients(state) {
+  const list = state.clients ?? [];
+  const rows = list.map((c) => {
+    const tr = el("tr");
+    tr.dataset.client = c.name;
+    tr.appendChild(el("td", c.name));
+    tr.appendChild(el("td", `${c.priority} / ${c.weight}`));
+    tr.appendChild(el("td", `${c.in_flight} / ${c.limits.max_concurrent ?? "-"}`));
+    tr.appendChild(el("td", `${c.queued} / ${c.queued_upstream}`));
+    const rate = (used, limit) => (limit ? `${used ?? 0}/${limit}` : "-");
+    tr.appendChild(el("td", `${rate(c.rpm_used, c.limits.rpm)} · ${rate(c.tpm_used, c.limits.tpm)}`));
+    tr.appendChild(el("td", c.penalised_ms ? `${Math.ceil(c.penalised_ms / 1000)} s left` : "-"));
+    return tr;
+  });
+  $("clients").tBodies[0].replaceChildren(...rows);
+  $("clients-note").textContent = list.length ? "" : "no client keys configured: every request shares one lane";
+}
+
 function renderRequests(list) {
   const body = $("requests").tBodies[0];
   const rows = list.map((r) => {
@@ -163,8 +181,13 @@ async function refresh() {
   const outcome = $("outcome").value;
   const query = `/admin/requests?limit=50${outcome ? `&outcome=${encodeURIComponent(outcome)}` : ""}`;
   try {
-    const [state, stats] = await Promise.all([api("/admin/upstreams"), api("/admin/stats")]);
+    const [state, stats, clients] = await Promise.all([
+      api("/admin/upstreams"),
+      api("/admin/stats"),
+      api("/admin/clients"),
+    ]);
     renderUpstreams(state, stats);
+    renderClients(clients);
     try {
       renderRequests((await api(query)).requests ?? []);
       $("journal-note").textContent = state.journal_dropped_rows ? `${state.journal_dropped_rows} journal rows dropped` : "";
