@@ -319,8 +319,7 @@ impl Lane {
 
     /// State for the admin API and metrics.
     pub fn snapshot(&self, now: Instant) -> LaneSnapshot {
-        let penalised_for =
-            self.penalty.lock().ok().and_then(|p| *p).map(|until| until.saturating_duration_since(now));
+        let penalised_for = self.penalty.lock().ok().and_then(|p| *p).map(|until| until.saturating_duration_since(now));
         LaneSnapshot {
             name: self.name.to_string(),
             in_flight: self.in_flight.load(Ordering::Acquire),
@@ -331,5 +330,60 @@ impl Lane {
             penalised_for: penalised_for.filter(|d| !d.is_zero()),
             limits: self.config.limits.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lanes(extra: &str) -> Lanes {
+        let yaml = format!(
+            "listen: 127.0.0.1:0\njournal: \"off\"\n{extra}\nclient_keys:\n  - {{ name: loop, key: k-loop }}\n  - {{ name: ci, key: k-ci, priority: batch, weight: 2 }}\n\
+             upstreams:\n  - {{ name: u, protocol: openai, base_url: \"http://127.0.0.1:9/v1\" }}\n\
+             models:\n  m: {{ targets: [{{ upstream: u }}] }}\n"
+        );
+        let config = Config::parse(&yaml, &|_| None).unwrap();
+        Lanes::new(&config, None)
+    }
+
+    #[tokio::test]
+    async fn a_request_may_lower_its_priority_never_raise_it() {
+        let lanes = lanes("");
+        let now = Instant::now();
+        let (ide, ci) = (lanes.get("loop").unwrap(), lanes.get("ci").unwrap());
+        assert_eq!(ide.who(None, now).priority, Priority::Interactive);
+        assert_eq!(ide.who(Some(Priority::Batch), now).priority, Priority::Batch);
+        assert_eq!(ci.who(Some(Priority::Interactive), now).priority, Priority::Batch);
+        assert_eq!(ci.who(None, now).weight, 2);
+        assert!(!ide.flagged(now), "without anomaly_action a flood only warns");
+        assert_eq!(ide.who(None, now).priority, Priority::Interactive);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flagged_key_is_slowed_until_the_penalty_ends() {
+        let lanes = lanes("anomaly_action: { priority: batch, max_concurrent: 1, for: 10s }");
+        let lane = lanes.get("loop").unwrap().clone();
+        let soon = || Instant::now() + Duration::from_millis(200);
+        let who = lane.who(None, Instant::now());
+        let first = lane.enter(&who, 0, 1, soon()).await.unwrap();
+        let second = lane.enter(&who, 0, 1, soon()).await.unwrap();
+        drop((first, second));
+        assert!(lane.flagged(Instant::now()));
+        let who = lane.who(None, Instant::now());
+        assert_eq!(who.priority, Priority::Batch, "penalty lowers the priority");
+        let held = lane.enter(&who, 0, 1, soon()).await.unwrap();
+        let refused = lane.enter(&who, 0, 1, soon()).await;
+        assert!(
+            matches!(&refused, Err(GatewayError::ClientLimit { message, .. }) if message.contains("flood penalty")),
+            "capped at 1 during the penalty"
+        );
+        assert!(lane.snapshot(Instant::now()).penalised_for.is_some());
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(lane.who(None, Instant::now()).priority, Priority::Interactive, "penalty over");
+        let again = lane.enter(&who, 0, 1, soon()).await;
+        assert!(again.is_ok(), "the cap is lifted with it");
+        drop((held, again));
+        assert_eq!(lane.snapshot(Instant::now()).in_flight, 0);
     }
 }

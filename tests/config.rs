@@ -231,3 +231,41 @@ fn config_gaps_are_reported_with_their_field_paths() {
     // And no secret in any message.
     assert!(!problems.iter().any(|p| p.contains("sk-1") || p.contains("pw@")), "{problems:#?}");
 }
+
+#[test]
+fn client_lanes_inherit_defaults_and_every_mistake_names_its_field() {
+    let good = format!(
+        "{VALID}client_defaults: {{ max_concurrent: 4, rpm: 100 }}\nbatch_share: 0.2\n\
+         anomaly_action: {{ priority: batch, for: 5m }}\n\
+         client_keys:\n  - {{ name: ide, key: k1, weight: 3 }}\n  - {{ name: ci, key: k2, priority: batch, max_concurrent: 1, models: {{ m: {{ rpm: 5 }} }} }}\n  - {{ name: ide, key: k3, weight: 3 }}\n"
+    );
+    let c = Config::parse(&good, &|name| (name == "SET").then(|| "value".to_string())).unwrap();
+    let (ide, ci) = (&c.client_keys[0].lane, &c.client_keys[1].lane);
+    assert_eq!((ide.limits.max_concurrent, ide.limits.rpm, ide.weight), (Some(4), Some(100), 3));
+    assert_eq!((ci.limits.max_concurrent, ci.limits.rpm, ci.priority.as_str()), (Some(1), Some(100), "batch"));
+    assert_eq!(ci.models[0].0, 0, "per-alias limits by route index");
+    assert_eq!(c.batch_share, 0.2);
+    assert_eq!(c.anomaly_action.as_ref().unwrap().lasts, Duration::from_secs(300));
+
+    let bad = format!(
+        "{VALID}batch_share: 2\nanomaly_action: {{ for: soon }}\n\
+         client_keys:\n  - {{ name: a, key: k1, weight: 0, priority: urgent, max_concurrent: 0 }}\n  - {{ name: b, key: k2, models: {{ nope: {{ rpm: 1 }}, m: {{ max_queue: 3 }} }} }}\n  - {{ name: a, key: k3, rpm: 9 }}\n"
+    );
+    let p = problems(&bad);
+    let want = [
+        "client_keys[0].max_concurrent: must be at least 1",
+        "client_keys[0].weight: must be between 1 and 1000",
+        "client_keys[0].priority: \"urgent\" is not a priority",
+        "client_keys[1].models.nope: no model \"nope\" is configured",
+        "client_keys[1].models.m: sets no limit",
+        "client_keys[2]: has the name of client_keys[0] but other limits",
+        "batch_share: must be between 0 and 1",
+        "anomaly_action.for: \"soon\" is not a duration",
+        "anomaly_action: set priority, max_concurrent or both",
+    ];
+    for w in want {
+        assert!(p.iter().any(|x| x.starts_with(w)), "missing {w:?} in {p:#?}");
+    }
+    let clash = VALID.replace("name: a,", "name: \"client:a\",").replace("upstream: a,", "upstream: \"client:a\",");
+    assert!(problems(&clash).iter().any(|x| x.contains("must not start with client:")));
+}

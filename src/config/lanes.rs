@@ -116,12 +116,8 @@ fn weight(path: &str, weight: Option<u32>, problems: &mut Vec<String>) -> Option
 
 /// The lane every key starts from (`client_defaults`).
 pub fn defaults(raw: &RawClientDefaults, problems: &mut Vec<String>) -> LaneConfig {
-    let as_limits = RawLaneLimits {
-        max_concurrent: raw.max_concurrent,
-        rpm: raw.rpm,
-        tpm: raw.tpm,
-        max_queue: raw.max_queue,
-    };
+    let as_limits =
+        RawLaneLimits { max_concurrent: raw.max_concurrent, rpm: raw.rpm, tpm: raw.tpm, max_queue: raw.max_queue };
     let base = LaneLimits { max_queue: DEFAULT_LANE_QUEUE, ..LaneLimits::default() };
     LaneConfig {
         limits: limits("client_defaults", &as_limits, &base, problems),
@@ -142,7 +138,8 @@ pub fn lane(
     problems: &mut Vec<String>,
 ) -> LaneConfig {
     let at = format!("client_keys[{i}]");
-    let own = RawLaneLimits { max_concurrent: raw.max_concurrent, rpm: raw.rpm, tpm: raw.tpm, max_queue: raw.max_queue };
+    let own =
+        RawLaneLimits { max_concurrent: raw.max_concurrent, rpm: raw.rpm, tpm: raw.tpm, max_queue: raw.max_queue };
     let mut models = Vec::new();
     for (alias, raw_limits) in &raw.models {
         let path = format!("{at}.models.{alias}");
@@ -182,7 +179,7 @@ pub fn anomaly_action(raw: Option<&RawAnomalyAction>, problems: &mut Vec<String>
     if priority.is_none() && raw.max_concurrent.is_none() {
         problems.push("anomaly_action: set priority, max_concurrent or both".into());
     }
-    let lasts = match raw.lasts.as_deref() {
+    let lasts = match raw.r#for.as_deref() {
         None => Duration::from_secs(600),
         Some(text) => match humantime::parse_duration(text) {
             Ok(d) if !d.is_zero() => d,

@@ -253,8 +253,8 @@ pub struct RawAnomalyAction {
     #[serde(default)]
     pub max_concurrent: Option<u32>,
     /// How long the penalty lasts after the last flagged request.
-    #[serde(default, rename = "for")]
-    pub lasts: Option<String>,
+    #[serde(default)]
+    pub r#for: Option<String>,
 }
 
 /// One upstream provider endpoint.

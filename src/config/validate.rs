@@ -7,8 +7,8 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
-use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
 use super::lanes::{self, LaneConfig};
+use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
 use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Strategy, Target, UpstreamConfig};
 use crate::anomaly::AnomalyConfig;
 use crate::classify::{Rule, Rules};
@@ -90,7 +90,8 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
             problems.push(format!("upstreams[{i}].name: {:?} is used twice", u.name));
         }
         if u.name.starts_with("client:") {
-            problems.push(format!("upstreams[{i}].name: {:?} must not start with client: (client lanes' names)", u.name));
+            problems
+                .push(format!("upstreams[{i}].name: {:?} must not start with client: (client lanes' names)", u.name));
         }
         if let Some(up) = upstream(i, u, problems) {
             upstreams.push(up);

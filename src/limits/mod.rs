@@ -23,8 +23,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-pub use fair::{Priority, Who};
 use fair::Fair;
+pub use fair::{Priority, Who};
 use gcra::Gcra;
 use slots::{Lease, MemorySlots};
 use tokio_util::task::TaskTracker;
@@ -575,7 +575,9 @@ mod tests {
         let tasks: Vec<_> = (0..10_000)
             .map(|i| {
                 let l = l.clone();
-                tokio::spawn(async move { l.acquire(&Who::plain(if i % 2 == 0 { "a" } else { "b" }), 1, far()).await.is_ok() })
+                tokio::spawn(async move {
+                    l.acquire(&Who::plain(if i % 2 == 0 { "a" } else { "b" }), 1, far()).await.is_ok()
+                })
             })
             .collect();
         for _ in 0..2000 {

@@ -33,8 +33,8 @@ use tokio::time::Instant;
 pub use answer::Answer;
 
 use crate::classify::{self, Class, Outcome, TransportFailure};
-use crate::gateway::Gateway;
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::lanes::{Lane, Pass};
 use crate::limits::{Permit, Who};
 use crate::protocol::{self, Endpoint, Protocol, RequestHead};

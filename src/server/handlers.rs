@@ -16,8 +16,8 @@ use super::auth::{authenticate, local_only};
 use crate::anomaly::Verdict;
 use crate::config::ModelRoute;
 use crate::error::GatewayError;
-use crate::limits::{Priority, Who};
 use crate::gateway::Gateway;
+use crate::limits::{Priority, Who};
 use crate::protocol::{self, Endpoint, Family, Protocol};
 use crate::record::Outcome;
 use crate::relay::waiting::{Progress, RelayFuture, WaitingBody};
@@ -121,7 +121,7 @@ async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
         return response;
     }
     let (parts, body) = req.into_parts();
-    let job = match prepare(&gw, endpoint, parts, body, &mut report).await {
+    let mut job = match prepare(&gw, endpoint, parts, body, &mut report).await {
         Ok(job) => job,
         Err(error) => {
             report.status = error.status().as_u16();
@@ -136,6 +136,10 @@ async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
     if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, Instant::now()) {
         report.anomaly = true;
         let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
+        if let (true, Some(lane)) = (penalised, &job.lane) {
+            // This request already goes at the penalty's priority.
+            job.who = lane.who(Some(job.who.priority), Instant::now());
+        }
         if first {
             gw.sink.metrics.anomaly(&job.who.name);
             tracing::warn!(
@@ -182,9 +186,7 @@ fn respond(gw: &Gateway, protocol: Protocol, relayed: Relayed, mut report: Repor
         }
         other => {
             let outcome = match &other {
-                Answer::Gateway(GatewayError::QueueFull { .. } | GatewayError::ClientLimit { .. }) => {
-                    Outcome::Rejected
-                }
+                Answer::Gateway(GatewayError::QueueFull { .. } | GatewayError::ClientLimit { .. }) => Outcome::Rejected,
                 Answer::Gateway(_) => Outcome::Failed,
                 // The upstream's own error, passed on: the request failed.
                 Answer::Verbatim { .. } => Outcome::Failed,
