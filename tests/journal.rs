@@ -224,7 +224,8 @@ async fn a_flood_from_one_key_is_flagged_steady_traffic_is_not() {
     assert_eq!(flagged("steady"), 0);
     let metrics = client().get(url(&gw, "/metrics")).bearer_auth("adm").send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains(r#"tidegate_anomalies_total{client="flood"} 1"#), "{metrics}");
-    assert!(!metrics.contains(r#"client="steady""#));
+    assert!(!metrics.contains(r#"tidegate_anomalies_total{client="steady""#));
+    assert!(metrics.contains(r#"tidegate_client_state{client="steady",what="in_flight"} 0"#), "per-key gauges by name");
 }
 
 #[tokio::test]
