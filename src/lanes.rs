@@ -39,6 +39,9 @@ pub struct Lanes {
     by_name: HashMap<String, Arc<Lane>>,
     /// In config order, for the admin API.
     order: Vec<Arc<Lane>>,
+    /// Who a request without a client key is (built once: its name is
+    /// shared, not allocated per request).
+    anonymous: Who,
 }
 
 /// One client key's lane.
@@ -170,12 +173,17 @@ impl Lanes {
             by_name.insert(key.name.clone(), lane.clone());
             order.push(lane);
         }
-        Self { by_name, order }
+        Self { by_name, order, anonymous: Who::plain("-") }
     }
 
     /// The lane of key `name` (none without client keys).
     pub fn get(&self, name: &str) -> Option<&Arc<Lane>> {
         self.by_name.get(name)
+    }
+
+    /// Who a request without a client key is, at `priority`.
+    pub fn anonymous(&self, priority: Priority) -> Who {
+        Who { priority, ..self.anonymous.clone() }
     }
 
     /// Every lane, in config order.

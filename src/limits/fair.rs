@@ -18,7 +18,9 @@
 //!
 //! Within one key and class, requests are served in arrival order. Cost per
 //! hand-out is O(log k) for k waiting keys; a waiting request costs its
-//! payload, an id and a `VecDeque` slot.
+//! payload, an id and a `VecDeque` slot. A key that ever waited keeps a
+//! small record (its virtual time) for the queue's life: the keys are the
+//! configured client keys, a bounded set.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -90,65 +92,71 @@ struct Flow<T> {
 }
 
 struct Class<T> {
-    flows: HashMap<Arc<str>, Flow<T>>,
-    /// Waiting keys by (pass, since).
-    order: BTreeSet<(u64, u64, Arc<str>)>,
+    /// Flows by index (a key keeps its index while the queue lives, so a
+    /// hand-out never hashes a name).
+    flows: Vec<Flow<T>>,
+    index: HashMap<Arc<str>, usize>,
+    /// Waiting keys by (pass, since, flow index).
+    order: BTreeSet<(u64, u64, usize)>,
     vtime: u64,
     len: usize,
 }
 
 impl<T> Default for Class<T> {
     fn default() -> Self {
-        Self { flows: HashMap::new(), order: BTreeSet::new(), vtime: 0, len: 0 }
+        Self { flows: Vec::new(), index: HashMap::new(), order: BTreeSet::new(), vtime: 0, len: 0 }
     }
 }
 
 impl<T> Class<T> {
     fn push(&mut self, who: &Who, id: u64, item: T) {
         let vtime = self.vtime;
-        let flow = self.flows.entry(who.name.clone()).or_insert_with(|| Flow {
-            items: VecDeque::new(),
-            pass: vtime,
-            since: 0,
-            weight: who.weight.max(1),
-        });
+        let at = match self.index.get(&who.name) {
+            Some(at) => *at,
+            None => {
+                self.flows.push(Flow { items: VecDeque::new(), pass: vtime, since: 0, weight: 1 });
+                self.index.insert(who.name.clone(), self.flows.len() - 1);
+                self.flows.len() - 1
+            }
+        };
+        let Some(flow) = self.flows.get_mut(at) else { return };
         flow.weight = who.weight.max(1);
         if flow.items.is_empty() {
             flow.pass = flow.pass.max(vtime);
             flow.since = id;
-            self.order.insert((flow.pass, flow.since, who.name.clone()));
+            self.order.insert((flow.pass, flow.since, at));
         }
         flow.items.push_back((id, item));
         self.len += 1;
     }
 
     fn pop(&mut self) -> Option<T> {
-        let (pass, since, name) = self.order.pop_first()?;
-        let flow = self.flows.get_mut(&name)?;
+        let (pass, since, at) = self.order.pop_first()?;
+        let flow = self.flows.get_mut(at)?;
         let (_, item) = flow.items.pop_front()?;
         self.len -= 1;
         self.vtime = pass;
         flow.pass = pass + STRIDE / u64::from(flow.weight);
         if !flow.items.is_empty() {
-            self.order.insert((flow.pass, since, name));
+            self.order.insert((flow.pass, since, at));
         }
         Some(item)
     }
 
     fn remove(&mut self, name: &str, id: u64) -> Option<T> {
-        let flow = self.flows.get_mut(name)?;
-        let at = flow.items.iter().position(|(i, _)| *i == id)?;
-        let (_, item) = flow.items.remove(at)?;
+        let at = *self.index.get(name)?;
+        let flow = self.flows.get_mut(at)?;
+        let pos = flow.items.iter().position(|(i, _)| *i == id)?;
+        let (_, item) = flow.items.remove(pos)?;
         self.len -= 1;
         if flow.items.is_empty() {
-            let key = (flow.pass, flow.since, Arc::<str>::from(name));
-            self.order.remove(&key);
+            self.order.remove(&(flow.pass, flow.since, at));
         }
         Some(item)
     }
 
     fn waiting_of(&self, name: &str) -> usize {
-        self.flows.get(name).map_or(0, |f| f.items.len())
+        self.index.get(name).and_then(|at| self.flows.get(*at)).map_or(0, |f| f.items.len())
     }
 }
 

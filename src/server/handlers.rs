@@ -17,7 +17,7 @@ use crate::anomaly::Verdict;
 use crate::config::ModelRoute;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
-use crate::limits::{Priority, Who};
+use crate::limits::Priority;
 use crate::protocol::{self, Endpoint, Family, Protocol};
 use crate::record::Outcome;
 use crate::relay::waiting::{Progress, RelayFuture, WaitingBody};
@@ -300,7 +300,7 @@ async fn prepare(
     let lane = report.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
     let who = match &lane {
         Some(lane) => lane.who(asked, Instant::now()),
-        None => Who { priority: asked.unwrap_or_default(), ..Who::plain("-") },
+        None => gw.lanes.anonymous(asked.unwrap_or_default()),
     };
     Ok(Job {
         gw: gw.clone(),
