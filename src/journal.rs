@@ -94,8 +94,9 @@ pub struct AttemptRow {
 /// channel's slot, memory the proxy's core has not touched since the slot
 /// was last used, and at saturation that copy cost as much as SQLite's
 /// insert when the record was 280 bytes. So labels are enums, times are
-/// integer microseconds, upstreams are indices into the names the writer
-/// already has, and what only an unusual request has (an error, partial
+/// integer microseconds, upstreams are indices into the names of the
+/// gateway generation that served the request (shared, one per config
+/// reload, so a reload that changes the upstreams keeps every row right), and what only an unusual request has (an error, partial
 /// text, attempts worth storing) sits behind one pointer, allocated only
 /// then. Strings the request owned are moved in, never copied.
 #[derive(Debug, Clone)]
@@ -132,6 +133,8 @@ pub struct Record {
     pub stream: bool,
     /// The client's volume was far above its baseline.
     pub anomaly: bool,
+    /// The upstreams' names its indices refer to.
+    pub names: Arc<[String]>,
     /// Error, partial text and attempts, when the request has any.
     pub detail: Option<Box<Detail>>,
 }
@@ -154,8 +157,8 @@ impl Record {
     }
 
     /// Upstreams tried, in order, each once, comma-separated.
-    fn targets<'a>(&self, names: &'a [String]) -> std::borrow::Cow<'a, str> {
-        let name = |i: usize| names.get(i).map_or("", String::as_str);
+    fn targets(&self) -> std::borrow::Cow<'_, str> {
+        let name = |i: usize| self.names.get(i).map_or("", String::as_str);
         let attempts = self.attempts();
         if attempts.is_empty() {
             return self.upstream.map_or("", |i| name(usize::from(i))).into();
@@ -200,9 +203,8 @@ impl std::fmt::Debug for Journal {
 impl Journal {
     /// Starts the writer for the file at `path`. The file is opened by the
     /// writer; if it cannot be, rows are counted as dropped and the writer
-    /// tries again a little later. `names` are the upstreams' names, which
-    /// records refer to by index.
-    pub fn start(path: &Path, retention: Retention, names: Arc<[String]>) -> Journal {
+    /// tries again a little later.
+    pub fn start(path: &Path, retention: Retention) -> Journal {
         crate::request_id::raise_floor(newest_key(path));
         let (tx, rx) = sync_channel::<Record>(CHANNEL);
         let dropped = Arc::new(AtomicU64::new(0));
@@ -211,7 +213,7 @@ impl Journal {
         let handled = done.clone();
         let spawned = std::thread::Builder::new()
             .name("tidegate-journal".into())
-            .spawn(move || writer(&file, &names, &retention, &rx, &counter, &handled));
+            .spawn(move || writer(&file, &retention, &rx, &counter, &handled));
         if let Err(err) = spawned {
             tracing::error!(error = %err, "cannot start the journal writer; requests will not be journaled");
         }
@@ -371,14 +373,7 @@ fn newest_key(path: &Path) -> u64 {
         .map_or(0, |k| k as u64)
 }
 
-fn writer(
-    path: &Path,
-    names: &[String],
-    retention: &Retention,
-    rx: &Receiver<Record>,
-    dropped: &AtomicU64,
-    done: &AtomicU64,
-) {
+fn writer(path: &Path, retention: &Retention, rx: &Receiver<Record>, dropped: &AtomicU64, done: &AtomicU64) {
     let mut conn: Option<Connection> = None;
     let mut warned = false;
     // Rows in the table (counted once at open, then tracked), and rows
@@ -425,7 +420,7 @@ fn writer(
         // Requests end in a different order than they arrived; in key
         // order, the batch is appended at the B-tree's edge.
         batch.sort_unstable_by_key(|r| r.id.as_u64_pair().0);
-        match insert(c, names, &batch) {
+        match insert(c, &batch) {
             Ok(()) => {
                 written += batch.len() as u64;
                 rows += batch.len() as u64;
@@ -477,10 +472,10 @@ fn key(id: &uuid::Uuid) -> (i64, i64) {
     (hi as i64, lo as i64)
 }
 
-fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, names: &[String], r: &Record) -> rusqlite::Result<()> {
+fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, r: &Record) -> rusqlite::Result<()> {
     let (hi, lo) = key(&r.id);
     let detail = r.detail.as_deref();
-    let targets = r.targets(names);
+    let targets = r.targets();
     let targets: &str = &targets;
     // In the order of REQUEST_TABLE (the array's length is checked against it).
     let values: [&dyn rusqlite::ToSql; REQUEST_COLUMNS] = [
@@ -509,7 +504,7 @@ fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, names: &[String
     Ok(())
 }
 
-fn insert(conn: &mut Connection, names: &[String], batch: &[Record]) -> rusqlite::Result<()> {
+fn insert(conn: &mut Connection, batch: &[Record]) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
         let mut many = tx.prepare_cached(&insert_sql(ROWS_PER_INSERT))?;
@@ -518,12 +513,12 @@ fn insert(conn: &mut Connection, names: &[String], batch: &[Record]) -> rusqlite
             let stmt = if chunk.len() == ROWS_PER_INSERT { &mut many } else { &mut one };
             if chunk.len() == ROWS_PER_INSERT {
                 for (k, r) in chunk.iter().enumerate() {
-                    bind_request(stmt, k * REQUEST_COLUMNS, names, r)?;
+                    bind_request(stmt, k * REQUEST_COLUMNS, r)?;
                 }
                 stmt.raw_execute()?;
             } else {
                 for r in chunk {
-                    bind_request(stmt, 0, names, r)?;
+                    bind_request(stmt, 0, r)?;
                     stmt.raw_execute()?;
                 }
             }
@@ -538,7 +533,7 @@ fn insert(conn: &mut Connection, names: &[String], batch: &[Record]) -> rusqlite
                 att.execute(params![
                     id,
                     n as i64 + 1,
-                    names.get(a.upstream).map_or("", String::as_str),
+                    r.names.get(a.upstream).map_or("", String::as_str),
                     a.status,
                     a.class.map(Class::as_str),
                     a.summary,
@@ -747,7 +742,7 @@ mod tests {
 
     /// The record the request path would have built for `r`, with
     /// upstreams as indices into `names`.
-    fn record(r: &Row, names: &[String]) -> Record {
+    fn record(r: &Row, names: &Arc<[String]>) -> Record {
         let index = |n: &str| names.iter().position(|x| x == n).unwrap();
         let implied = implied_attempt(r).is_some_and(|i| r.attempts == [i]);
         let attempts: Vec<AttemptLog> = if implied {
@@ -783,6 +778,7 @@ mod tests {
             class: r.class.as_deref().map(class),
             stream: r.stream,
             anomaly: r.anomaly,
+            names: names.clone(),
             detail,
         }
     }
@@ -799,8 +795,9 @@ mod tests {
                 }
             }
         }
+        let names: Arc<[String]> = names.into();
         let batch: Vec<Record> = rows.iter().map(|r| record(r, &names)).collect();
-        insert(conn, &names, &batch).unwrap();
+        insert(conn, &batch).unwrap();
     }
 
     #[test]

@@ -49,6 +49,7 @@ pub struct Lane {
     name: Arc<str>,
     config: LaneConfig,
     action: Option<AnomalyAction>,
+    batch_share: f64,
     /// The key-wide limiter, when the key has limits (or a penalty may cap
     /// it).
     limiter: Option<Arc<Limiter>>,
@@ -134,13 +135,24 @@ impl Lanes {
     }
 
     /// Builds every key's lane; keys sharing a name share the first one's.
-    pub fn new(config: &Config, shared: Option<&Arc<SharedState>>) -> Self {
+    /// A lane of `previous` (a config reload) whose settings are unchanged
+    /// is kept as it is: its requests in flight and waiting, and its
+    /// buckets, carry over.
+    pub fn new(config: &Config, shared: Option<&Arc<SharedState>>, previous: Option<&Lanes>) -> Self {
         let mut by_name = HashMap::new();
         let mut order = Vec::new();
         let action = config.anomaly_action.clone();
         let capped_by_action = action.as_ref().is_some_and(|a| a.max_concurrent.is_some());
         for key in &config.client_keys {
             if by_name.contains_key(&key.name) {
+                continue;
+            }
+            let kept = previous
+                .and_then(|p| p.get(&key.name))
+                .filter(|old| old.config == key.lane && old.action == action && old.batch_share == config.batch_share);
+            if let Some(kept) = kept {
+                by_name.insert(key.name.clone(), kept.clone());
+                order.push(kept.clone());
                 continue;
             }
             let build = |limits: &LaneLimits, name: String| {
@@ -165,6 +177,7 @@ impl Lanes {
                 name: Arc::from(key.name.as_str()),
                 config: key.lane.clone(),
                 action: action.clone(),
+                batch_share: config.batch_share,
                 limiter,
                 models,
                 penalty: Mutex::new(None),
@@ -352,7 +365,7 @@ mod tests {
              models:\n  m: {{ targets: [{{ upstream: u }}] }}\n"
         );
         let config = Config::parse(&yaml, &|_| None).unwrap();
-        Lanes::new(&config, None)
+        Lanes::new(&config, None, None)
     }
 
     #[tokio::test]

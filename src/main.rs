@@ -40,6 +40,16 @@ enum Command {
         #[arg(long)]
         listen: Option<SocketAddr>,
     },
+    /// Make a running tidegate re-read its config (`POST /admin/reload`
+    /// with the config's `admin_key`; without one, send it `SIGHUP`).
+    Reload {
+        /// Config file (for the address and the admin key).
+        #[arg(long, short, default_value = "tidegate.yaml")]
+        config: PathBuf,
+        /// Base URL of the running tidegate, instead of the config's `listen`.
+        #[arg(long)]
+        url: Option<String>,
+    },
     /// Validate a config file; prints each problem with its field path.
     Check {
         /// Config file.
@@ -87,6 +97,7 @@ fn main() -> ExitCode {
         Command::Demo { requests, journal } => demo(requests, journal),
         Command::Serve { config, workers, listen } => serve(&config, workers, listen),
         Command::Check { config } => return check(&config),
+        Command::Reload { config, url } => reload(&config, url),
         Command::Log { config, journal, outcome, since, limit } => log(&config, journal, outcome, since, limit),
         Command::Simulate { listen, scenario, config, workers } => {
             simulate(listen, scenario.as_deref(), config.as_deref(), workers)
@@ -240,9 +251,10 @@ fn serve(path: &Path, workers: Option<usize>, listen: Option<SocketAddr>) -> any
     let rt = runtime(workers.unwrap_or(config.workers))?;
     let grace = config.shutdown_grace;
     rt.block_on(async {
-        let mut running = tidegate::server::start(config).await?;
+        let mut running = tidegate::server::start_from(config, Some(path.to_path_buf())).await?;
         tracing::info!(addr = %running.addr, "tidegate listening");
         tokio::spawn(return_idle_memory());
+        tokio::spawn(reload_on_hangup(running.live()));
         tokio::select! {
             () = running.wait() => return Ok(()),
             () = shutdown_signal() => {}
@@ -317,6 +329,54 @@ async fn return_idle_memory() {
             let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
         }
     }
+}
+
+/// `SIGHUP` re-reads the config; a refused one is logged with its
+/// problems and the running config stays.
+async fn reload_on_hangup(live: std::sync::Arc<tidegate::gateway::Live>) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the config");
+            if let Err(err) = live.reload().await {
+                tracing::error!("config reload refused; the running config stays:\n{err}");
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    drop(live);
+}
+
+/// `tidegate reload`: asks the running gateway to re-read its config.
+fn reload(path: &Path, url: Option<String>) -> anyhow::Result<()> {
+    let config = Config::load(path).map_err(|err| anyhow::anyhow!("{} is not valid:\n{err}", path.display()))?;
+    let Some(admin) = config.admin_key.as_ref() else {
+        anyhow::bail!(
+            "{} has no admin_key: send the running tidegate SIGHUP instead (kill -HUP <pid>)",
+            path.display()
+        );
+    };
+    let base = url.unwrap_or_else(|| format!("http://{}", config.listen));
+    let uri: http::Uri = format!("{}/admin/reload", base.trim_end_matches('/')).parse().context("bad --url")?;
+    let request = http::Request::post(uri)
+        .header(http::header::AUTHORIZATION, format!("Bearer {}", admin.expose()))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let (status, body) = runtime(1)?.block_on(async {
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let response = client.request(request).await.with_context(|| format!("cannot reach tidegate at {base}"))?;
+        let status = response.status();
+        let body = http_body_util::BodyExt::collect(response.into_body()).await?.to_bytes();
+        anyhow::Ok((status, body))
+    })?;
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    if status.is_success() {
+        println!("reloaded: {}", v["changes"]);
+        return Ok(());
+    }
+    let problems = v["problems"].as_array().map(|p| p.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join("\n"));
+    anyhow::bail!("reload refused ({status}); the running config stays:\n{}", problems.unwrap_or_default())
 }
 
 async fn shutdown_signal() {

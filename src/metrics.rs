@@ -16,7 +16,9 @@ use crate::record::Outcome;
 /// The gateway's metrics.
 pub struct Metrics {
     registry: Registry,
-    aliases: HashSet<String>,
+    /// Model label values allowed (the configured aliases; replaced on a
+    /// config reload).
+    aliases: arc_swap::ArcSwap<HashSet<String>>,
     requests: IntCounterVec,
     attempts: IntCounterVec,
     tokens: IntCounterVec,
@@ -100,14 +102,20 @@ impl Metrics {
             ttfb: histogram("ttfb_seconds", "time to the first byte sent to the client")?,
             duration: histogram("request_duration_seconds", "total request time")?,
             gauges,
-            aliases: aliases.collect(),
+            aliases: arc_swap::ArcSwap::from_pointee(aliases.collect()),
             registry,
         })
     }
 
+    /// The aliases of a reloaded config become the allowed model labels.
+    pub fn set_aliases(&self, aliases: impl Iterator<Item = String>) {
+        self.aliases.store(std::sync::Arc::new(aliases.collect()));
+    }
+
     /// Records one finished request.
     pub fn observe(&self, s: &Sample<'_>) {
-        let model = s.model.filter(|m| self.aliases.contains(*m)).unwrap_or("-");
+        let aliases = self.aliases.load();
+        let model = s.model.filter(|m| aliases.contains(*m)).unwrap_or("-");
         self.requests.with_label_values(&[s.outcome.as_str(), s.class, s.upstream, model]).inc();
         self.queue_wait.with_label_values(&[model]).observe(s.queue_wait);
         if let Some(t) = s.ttfb {

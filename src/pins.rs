@@ -40,6 +40,20 @@ impl Pins {
         Self { local: Mutex::new(HashMap::new()), ttl, shared, names, tasks }
     }
 
+    /// Takes over the pins of `previous` (a config reload), each to the
+    /// same upstream by name; pins to upstreams no longer configured are
+    /// dropped (Redis still has them, by name).
+    pub fn carry(&self, previous: &Pins) {
+        let Ok(old) = previous.local.lock() else { return };
+        let Ok(mut local) = self.local.lock() else { return };
+        let moved: Vec<Option<usize>> = previous.names.iter().map(|n| self.names.iter().position(|x| x == n)).collect();
+        for (id, (index, until)) in old.iter() {
+            if let Some(Some(now)) = moved.get(*index) {
+                local.insert(id.clone(), (*now, *until));
+            }
+        }
+    }
+
     /// Remembers that `upstream` stores response `id`.
     pub fn remember(&self, id: String, upstream: usize) {
         let now = Instant::now();

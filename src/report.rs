@@ -81,9 +81,9 @@ pub struct Sink {
     pub recent: Arc<crate::recent::Recent>,
     /// Requests whose report is not finished yet (streams included): what
     /// a graceful shutdown waits for.
-    pub active: std::sync::atomic::AtomicUsize,
+    pub active: Arc<std::sync::atomic::AtomicUsize>,
     /// Refusals before routing: counted, sampled into the journal.
-    pub flood: crate::flood::Flood,
+    pub flood: Arc<crate::flood::Flood>,
 }
 
 impl Sink {
@@ -190,6 +190,7 @@ impl Report {
             class: self.class,
             stream: self.stream,
             anomaly: self.anomaly,
+            names: sink.names.clone(),
             detail,
         }
     }

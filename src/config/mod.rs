@@ -111,7 +111,7 @@ pub struct ClientKey {
 }
 
 /// One upstream, typed.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamConfig {
     /// Unique name.
     pub name: String,

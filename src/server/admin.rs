@@ -206,3 +206,27 @@ pub async fn clients(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
         .collect();
     json_response(&json!({ "clients": list, "batch_share": gw.config.batch_share }))
 }
+
+/// `POST /admin/reload`: re-reads the config file and applies it to new
+/// requests (as `SIGHUP` does). `200` with what changed, or `400` with the
+/// config's problems (field paths, as `tidegate check` prints them) and
+/// nothing changed.
+pub async fn reload(State(app): State<super::AppState>, headers: HeaderMap) -> Response {
+    let gw = app.0.load();
+    if !authorized(&gw, &headers) {
+        return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
+    }
+    match app.0.reload().await {
+        Ok(changes) => json_response(&json!({ "reloaded": true, "changes": changes })),
+        Err(error) => {
+            tracing::error!(error = %error, "config reload refused; the running config stays");
+            let problems = match &error {
+                crate::gateway::ReloadError::Config(e) => e.problems(),
+                other => vec![other.to_string()],
+            };
+            let body = json!({ "reloaded": false, "problems": problems });
+            (http::StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], body.to_string())
+                .into_response()
+        }
+    }
+}

@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::FromRef;
 use axum::routing::{get, post};
 use std::future::Future;
 use std::time::Duration;
@@ -22,11 +23,23 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Live, ReloadError, Reloaded};
 use crate::upstream::BuildError;
 
+/// What handlers are given: the live gateway. A handler asking for
+/// `State<Arc<Gateway>>` gets the one in force when its request arrived,
+/// and keeps it to the end, across a config reload.
+#[derive(Clone)]
+pub struct AppState(pub Arc<Live>);
+
+impl FromRef<AppState> for Arc<Gateway> {
+    fn from_ref(state: &AppState) -> Self {
+        state.0.load()
+    }
+}
+
 /// The route table.
-pub fn router(gateway: Arc<Gateway>) -> Router {
+pub fn router(live: Arc<Live>) -> Router {
     Router::new()
         .route("/", get(handlers::root))
         .route("/v1/chat/completions", post(handlers::chat_completions))
@@ -42,11 +55,12 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/admin/requests", get(admin::requests))
         .route("/admin/requests/{id}", get(admin::request))
         .route("/admin/stats", get(admin::stats))
+        .route("/admin/reload", post(admin::reload))
         .route("/ui", get(ui::page))
         .route("/ui/{file}", get(ui::asset))
         .fallback(handlers::fallback)
         .method_not_allowed_fallback(handlers::wrong_method)
-        .with_state(gateway)
+        .with_state(AppState(live))
 }
 
 /// A running gateway; dropping it stops accepting connections.
@@ -55,7 +69,7 @@ pub struct Running {
     pub addr: SocketAddr,
     task: JoinHandle<()>,
     stop: CancellationToken,
-    gateway: Arc<Gateway>,
+    live: Arc<Live>,
 }
 
 impl Running {
@@ -73,7 +87,7 @@ impl Running {
     /// journal are flushed and joined (idle connections end with the
     /// process).
     pub async fn shutdown(mut self, grace: Duration, now: impl Future<Output = ()>) {
-        let gw = self.gateway.clone();
+        let gw = self.live.load();
         gw.draining.store(true, std::sync::atomic::Ordering::Release);
         let mut now = std::pin::pin!(now);
         let drained = tokio::select! {
@@ -88,7 +102,25 @@ impl Running {
         }
         self.stop.cancel();
         let _ = (&mut self.task).await;
+        self.live.stop_following();
         gw.finish(Duration::from_secs(5)).await;
+    }
+
+    /// Re-reads the config file it was started from and applies it to new
+    /// requests (`SIGHUP`, `POST /admin/reload`); an invalid config changes
+    /// nothing.
+    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
+        self.live.reload().await
+    }
+
+    /// The live gateway (for a task that reloads it).
+    pub fn live(&self) -> Arc<Live> {
+        self.live.clone()
+    }
+
+    /// Applies `config` to new requests, as a reload would.
+    pub async fn apply(&self, config: Config) -> Result<Reloaded, ReloadError> {
+        self.live.apply(config).await
     }
 }
 
@@ -117,14 +149,21 @@ pub enum StartError {
 
 /// Binds `config.listen` and serves until dropped.
 pub async fn start(config: Config) -> Result<Running, StartError> {
+    start_from(config, None).await
+}
+
+/// Like [`start`], for a config read from `source`, which a reload
+/// re-reads.
+pub async fn start_from(config: Config, source: Option<std::path::PathBuf>) -> Result<Running, StartError> {
     let addr = config.listen;
-    let gateway = Arc::new(Gateway::new(config)?);
-    gateway.follow_shared_health();
+    let live = Live::new(Gateway::new(config)?, source);
+    live.follow_shared_health();
+    let gateway = live.load();
     let listener = listen::bind(addr).map_err(|error| StartError::Bind { addr, error })?;
     let addr = listener.local_addr().map_err(|error| StartError::Bind { addr, error })?;
     let stop = CancellationToken::new();
-    let app = router(gateway.clone());
+    let app = router(live.clone());
     let max_connections = gateway.config.max_connections;
     let task = tokio::spawn(listen::serve_until(listener, app, stop.clone().cancelled_owned(), max_connections));
-    Ok(Running { addr, task, stop, gateway })
+    Ok(Running { addr, task, stop, live })
 }
