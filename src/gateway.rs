@@ -28,6 +28,7 @@ use crate::config::{Config, ConfigError, UpstreamConfig};
 use crate::journal::Journal;
 use crate::lanes::Lanes;
 use crate::metrics::Metrics;
+use crate::otel::Exporter;
 use crate::pins::Pins;
 use crate::recent::Recent;
 use crate::report::Sink;
@@ -139,7 +140,13 @@ impl Gateway {
             None => Arc::new(Recent::new(names.clone())),
         };
         let aliases = config.models.keys().map(|a| Arc::from(a.as_str())).collect();
+        let tracer = match (&config.otel, previous.and_then(|p| p.sink.tracer.clone())) {
+            (Some(otel), Some(kept)) if kept.config == *otel => Some(kept),
+            (Some(otel), _) => Some(Arc::new(Exporter::start(otel).map_err(|e| BuildError::Metrics(e.to_string()))?)),
+            (None, _) => None,
+        };
         let sink = Arc::new(Sink {
+            tracer,
             journal,
             metrics,
             names: names.clone(),
@@ -209,6 +216,10 @@ impl Gateway {
         if let Some(journal) = self.sink.journal.clone() {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
             let _ = tokio::task::spawn_blocking(move || journal.flush(left)).await;
+        }
+        if let Some(tracer) = self.sink.tracer.clone() {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let _ = tokio::time::timeout(left, tokio::task::spawn_blocking(move || tracer.shutdown())).await;
         }
     }
 }

@@ -48,6 +48,7 @@ pub mod lanes;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
+pub mod otel;
 pub mod pins;
 pub mod protocol;
 pub mod recent;

@@ -57,6 +57,8 @@ pub struct Report {
     /// refusal before routing beyond the per-second sample, see
     /// [`crate::flood`]).
     pub counted_only: bool,
+    /// Its trace, when `otel` is configured.
+    pub trace: Option<Arc<crate::otel::TraceCtx>>,
     /// The request's place in its client key's lane: released (and its
     /// tpm settled with `usage`) when the report finishes.
     pub pass: Option<crate::lanes::Pass>,
@@ -84,6 +86,8 @@ pub struct Sink {
     pub active: Arc<std::sync::atomic::AtomicUsize>,
     /// Refusals before routing: counted, sampled into the journal.
     pub flood: Arc<crate::flood::Flood>,
+    /// OpenTelemetry export, when `otel` is configured.
+    pub tracer: Option<Arc<crate::otel::Exporter>>,
 }
 
 impl Sink {
@@ -129,6 +133,7 @@ impl Report {
             anomaly: false,
             counted_only: false,
             pass: None,
+            trace: None,
             sink: None,
             finished: false,
         }
@@ -216,6 +221,9 @@ impl Report {
         if self.counted_only {
             return;
         }
+        if let (Some(sink), Some(trace)) = (&sink, self.trace.take()) {
+            self.export(outcome, sink, &trace);
+        }
         self.log_line(outcome);
         // Last: the journal's record takes the strings the report owns.
         if let Some(sink) = &sink {
@@ -224,6 +232,41 @@ impl Report {
                 journal.record(record);
             }
         }
+    }
+
+    /// Its spans, to the OpenTelemetry exporter.
+    fn export(&self, outcome: Outcome, sink: &Sink, trace: &crate::otel::TraceCtx) {
+        let Some(tracer) = &sink.tracer else { return };
+        let name = |i: usize| sink.names.get(i).map_or("-", String::as_str);
+        let id = self.id.to_string();
+        tracer.export(&crate::otel::RequestSpan {
+            ctx: trace,
+            elapsed: self.started.elapsed(),
+            id: &id,
+            model: self.model.as_deref(),
+            client: self.client.as_deref(),
+            stream: self.stream,
+            status: self.status,
+            outcome: outcome.as_str(),
+            ok: matches!(outcome, Outcome::Completed),
+            class: self.class.map(Class::as_str),
+            error: self.error.as_deref(),
+            upstream: self.upstream.as_deref(),
+            queue_wait: self.queue_wait,
+            ttfb: self.ttfb,
+            tokens: (self.usage.input, self.usage.output),
+            attempts: self
+                .attempts
+                .iter()
+                .map(|a| crate::otel::AttemptAttrs {
+                    upstream: name(a.upstream),
+                    status: a.status,
+                    class: a.class.map(Class::as_str),
+                    verdict: a.verdict.as_str(),
+                    wait: a.wait,
+                })
+                .collect(),
+        });
     }
 
     fn log_line(&self, outcome: Outcome) {

@@ -49,6 +49,7 @@ fn job(gw: &Arc<Gateway>, deadline: Duration) -> Job {
         progress: Arc::new(Progress::default()),
         who: tidegate::limits::Who::plain("-"),
         lane: None,
+        trace: None,
         resumes: 0,
         pin: None,
     }

@@ -56,6 +56,8 @@ pub struct Config {
     /// Share of contended slots batch requests get while interactive ones
     /// wait too.
     pub batch_share: f64,
+    /// OpenTelemetry trace export; `None`: off.
+    pub otel: Option<OtelConfig>,
     /// What a flagged flood does to its key; `None`: it only warns.
     pub anomaly_action: Option<AnomalyAction>,
     /// Without client keys: Hosts and Origins served besides loopback.
@@ -97,6 +99,19 @@ pub struct Config {
     pub stream_keepalive_after: Option<Duration>,
     /// Interval between keep-alive comments.
     pub stream_keepalive_every: Duration,
+}
+
+/// `otel:` as configured (see [`crate::otel`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtelConfig {
+    /// Full OTLP/HTTP traces URL (`…/v1/traces`).
+    pub endpoint: String,
+    /// `service.name` of the resource.
+    pub service_name: String,
+    /// Extra headers on every export (e.g. a collector's auth token).
+    pub headers: Vec<(String, Secret)>,
+    /// Longest time a finished span waits before it is exported.
+    pub export_every: Duration,
 }
 
 /// A client key and the name that stands for it everywhere it is reported.

@@ -79,6 +79,9 @@ pub struct RawConfig {
     /// ones wait (0..1, default 0.1).
     #[serde(default)]
     pub batch_share: Option<f64>,
+    /// OpenTelemetry trace export (off when absent).
+    #[serde(default)]
+    pub otel: Option<RawOtel>,
     /// Turn the flood warning into a temporary penalty for the key.
     #[serde(default)]
     pub anomaly_action: Option<RawAnomalyAction>,
@@ -355,4 +358,21 @@ pub struct RawTarget {
     /// Relative share under `strategy: balance`.
     #[serde(default)]
     pub weight: Option<u32>,
+}
+
+/// `otel:` section: OTLP/HTTP trace export.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOtel {
+    /// Collector URL (`http://127.0.0.1:4318`; `/v1/traces` is added).
+    pub endpoint: String,
+    /// `service.name` of the exported spans.
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// Headers on every export (use `${ENV_VAR}` for tokens).
+    #[serde(default)]
+    pub headers: IndexMap<String, String>,
+    /// Longest time a finished span waits before it is exported.
+    #[serde(default)]
+    pub export_every: Option<String>,
 }

@@ -164,6 +164,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         u.limits.batch_share = batch_share;
     }
     let anomaly_action = lanes::anomaly_action(raw.anomaly_action.as_ref(), problems);
+    let otel = raw.otel.as_ref().map(|o| otel(o, problems));
     let state = match raw.state.as_deref() {
         None | Some("") | Some("memory") => None,
         Some(url) => match url::Url::parse(url) {
@@ -208,6 +209,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
         client_keys,
         batch_share,
         anomaly_action,
+        otel,
         allowed_origins: raw.allowed_origins.clone(),
         upstreams,
         models,
@@ -529,4 +531,29 @@ pub fn parse_size(text: &str) -> Option<usize> {
         _ => return None,
     };
     n.checked_mul(mult)
+}
+
+fn otel(raw: &super::raw::RawOtel, problems: &mut Vec<String>) -> super::OtelConfig {
+    let endpoint = match url::Url::parse(&raw.endpoint) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => {
+            let base = u.as_str().trim_end_matches('/');
+            if base.ends_with("/v1/traces") { base.to_string() } else { format!("{base}/v1/traces") }
+        }
+        _ => {
+            problems
+                .push(format!("otel.endpoint: {:?} is not an http(s) URL like http://127.0.0.1:4318", raw.endpoint));
+            String::new()
+        }
+    };
+    for name in raw.headers.keys() {
+        if HeaderName::try_from(name.as_str()).is_err() {
+            problems.push(format!("otel.headers: {name:?} is not a valid header name"));
+        }
+    }
+    super::OtelConfig {
+        endpoint,
+        service_name: raw.service_name.clone().unwrap_or_else(|| "tidegate".to_string()),
+        headers: raw.headers.iter().map(|(k, v)| (k.clone(), Secret::new(v.clone()))).collect(),
+        export_every: duration("otel.export_every", &raw.export_every, Duration::from_secs(2), problems),
+    }
 }

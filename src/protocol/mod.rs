@@ -40,12 +40,19 @@ pub enum Family {
     Anthropic,
 }
 
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Family {
+    /// Its name in config and in traces (`gen_ai.provider.name`).
+    pub fn as_str(self) -> &'static str {
+        match self {
             Family::OpenAi => "openai",
             Family::Anthropic => "anthropic",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -204,6 +211,16 @@ impl Endpoint {
         match self {
             Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Embeddings | Endpoint::Messages => true,
             Endpoint::CountTokens => false,
+        }
+    }
+
+    /// `gen_ai.operation.name` of its requests (OpenTelemetry GenAI
+    /// conventions; token counting has no name there).
+    pub fn operation(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => "chat",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::CountTokens => "count_tokens",
         }
     }
 }

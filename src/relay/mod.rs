@@ -99,6 +99,8 @@ pub struct Job {
     pub lane: Option<Arc<Lane>>,
     /// Continuations this request may still ask for.
     pub resumes: u8,
+    /// Its trace (ids, attempt times), when `otel` is configured.
+    pub trace: Option<Arc<crate::otel::TraceCtx>>,
     /// The upstream that stores the state this request continues
     /// (`previous_response_id`): the only one it may go to.
     pub pin: Option<usize>,
@@ -349,7 +351,8 @@ impl Run<'_> {
         let remaining = self.job.deadline.saturating_duration_since(Instant::now());
         let body = self.targets.body(ti, self.job);
         let index = self.targets.upstream(ti);
-        attempt(self.job, index, &self.job.gw.upstreams[index], body, remaining).await
+        let model = self.targets.model(ti, self.job);
+        attempt(self.job, index, &self.job.gw.upstreams[index], (body, model), remaining).await
     }
 
     /// The attempt succeeded: its answer goes to the client, holding the
@@ -461,12 +464,23 @@ impl Run<'_> {
 
 /// One attempt: send, and turn whatever came back into an answer or a
 /// classified failure.
-async fn attempt(job: &Job, index: usize, upstream: &Upstream, body: Bytes, remaining: Duration) -> Attempt {
+async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &str), remaining: Duration) -> Attempt {
+    let (body, model) = sent;
     let timeout = upstream.config.header_timeout.min(remaining);
     let rules = &upstream.config.rules;
     let now = jiff::Timestamp::now;
-    let req = upstream.request(job.endpoint, body, &job.client_headers);
-    let resp = match upstream.send(req, timeout).await {
+    let mut req = upstream.request(job.endpoint, body, &job.client_headers);
+    if let Some(trace) = &job.trace {
+        // The upstream continues this attempt's span, not the client's.
+        if let Some(parent) = trace.begin_attempt(model) {
+            req.headers_mut().insert("traceparent", parent);
+        }
+    }
+    let sent = upstream.send(req, timeout).await;
+    if let Some(trace) = &job.trace {
+        trace.end_attempt();
+    }
+    let resp = match sent {
         Ok(resp) => resp,
         Err(SendError::Transport(detail)) => {
             return Attempt::Failure(classify::classify_transport(&TransportFailure::Connection(detail)), None);

@@ -175,6 +175,11 @@ impl<'a> Targets<'a> {
         )
     }
 
+    /// The model name target `i` is sent.
+    pub fn model<'j>(&'j self, i: usize, job: &'j Job) -> &'j str {
+        self.route.targets[i].model.as_deref().unwrap_or(&job.head.model)
+    }
+
     /// Marks the first use of a target (the retry budget counts requests).
     pub fn first_use(&mut self, i: usize) -> bool {
         let first = self.used & (1 << i) == 0;

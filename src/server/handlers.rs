@@ -298,6 +298,12 @@ async fn prepare(
         })?),
     };
     let lane = report.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
+    let trace = gw
+        .sink
+        .tracer
+        .as_ref()
+        .map(|_| Arc::new(crate::otel::TraceCtx::start(&parts.headers, endpoint.operation(), family.as_str())));
+    report.trace = trace.clone();
     let who = match &lane {
         Some(lane) => lane.who(asked, Instant::now()),
         None => gw.lanes.anonymous(asked.unwrap_or_default()),
@@ -314,6 +320,7 @@ async fn prepare(
         progress: Arc::new(Progress::default()),
         who,
         lane,
+        trace,
         resumes: relay::MAX_RESUMES,
         pin,
     })
