@@ -88,25 +88,26 @@ async fn a_request_and_its_attempts_are_exported_with_genai_attributes() {
     let mut spans: Vec<Span> = Vec::new();
     let mut service = String::new();
     for _ in 0..100 {
-        let r = got.lock().unwrap();
-        spans = r
-            .requests
-            .iter()
-            .flat_map(|e| &e.resource_spans)
-            .flat_map(|rs| &rs.scope_spans)
-            .flat_map(|s| s.spans.clone())
-            .collect();
-        if let Some(resource) =
-            r.requests.first().and_then(|e| e.resource_spans.first()).and_then(|rs| rs.resource.clone())
         {
-            service = resource
-                .attributes
+            let r = got.lock().unwrap();
+            spans = r
+                .requests
                 .iter()
-                .find(|kv| kv.key == "service.name")
-                .map(|kv| format!("{:?}", kv.value))
-                .unwrap_or_default();
+                .flat_map(|e| &e.resource_spans)
+                .flat_map(|rs| &rs.scope_spans)
+                .flat_map(|s| s.spans.clone())
+                .collect();
+            if let Some(resource) =
+                r.requests.first().and_then(|e| e.resource_spans.first()).and_then(|rs| rs.resource.clone())
+            {
+                service = resource
+                    .attributes
+                    .iter()
+                    .find(|kv| kv.key == "service.name")
+                    .map(|kv| format!("{:?}", kv.value))
+                    .unwrap_or_default();
+            }
         }
-        drop(r);
         if spans.len() >= 3 {
             break;
         }
