@@ -50,6 +50,13 @@ enum Command {
         #[arg(long)]
         url: Option<String>,
     },
+    /// Exit 0 when a running tidegate answers `/healthz` with 200 (the
+    /// container image's HEALTHCHECK: no curl needed in the image).
+    Healthcheck {
+        /// The health URL.
+        #[arg(long, default_value = "http://127.0.0.1:8787/healthz")]
+        url: String,
+    },
     /// Validate a config file; prints each problem with its field path.
     Check {
         /// Config file.
@@ -98,6 +105,7 @@ fn main() -> ExitCode {
         Command::Serve { config, workers, listen } => serve(&config, workers, listen),
         Command::Check { config } => return check(&config),
         Command::Reload { config, url } => reload(&config, url),
+        Command::Healthcheck { url } => healthcheck(&url),
         Command::Log { config, journal, outcome, since, limit } => log(&config, journal, outcome, since, limit),
         Command::Simulate { listen, scenario, config, workers } => {
             simulate(listen, scenario.as_deref(), config.as_deref(), workers)
@@ -358,18 +366,8 @@ fn reload(path: &Path, url: Option<String>) -> anyhow::Result<()> {
         );
     };
     let base = url.unwrap_or_else(|| format!("http://{}", config.listen));
-    let uri: http::Uri = format!("{}/admin/reload", base.trim_end_matches('/')).parse().context("bad --url")?;
-    let request = http::Request::post(uri)
-        .header(http::header::AUTHORIZATION, format!("Bearer {}", admin.expose()))
-        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
-    let (status, body) = runtime(1)?.block_on(async {
-        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http::<http_body_util::Empty<bytes::Bytes>>();
-        let response = client.request(request).await.with_context(|| format!("cannot reach tidegate at {base}"))?;
-        let status = response.status();
-        let body = http_body_util::BodyExt::collect(response.into_body()).await?.to_bytes();
-        anyhow::Ok((status, body))
-    })?;
+    let target = format!("{}/admin/reload", base.trim_end_matches('/'));
+    let (status, body) = http_call(http::Method::POST, &target, Some(admin.expose()))?;
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     if status.is_success() {
         println!("reloaded: {}", v["changes"]);
@@ -377,6 +375,38 @@ fn reload(path: &Path, url: Option<String>) -> anyhow::Result<()> {
     }
     let problems = v["problems"].as_array().map(|p| p.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join("\n"));
     anyhow::bail!("reload refused ({status}); the running config stays:\n{}", problems.unwrap_or_default())
+}
+
+/// One plain-HTTP call, for the commands that talk to a running tidegate:
+/// status and body.
+fn http_call(method: http::Method, url: &str, bearer: Option<&str>) -> anyhow::Result<(http::StatusCode, bytes::Bytes)> {
+    let uri: http::Uri = url.parse().with_context(|| format!("not a URL: {url}"))?;
+    let mut request = http::Request::builder().method(method).uri(uri);
+    if let Some(key) = bearer {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let request = request.body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    runtime(1)?.block_on(async {
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let call = client.request(request);
+        let response = tokio::time::timeout(std::time::Duration::from_secs(5), call)
+            .await
+            .with_context(|| format!("no answer from {url} within 5 s"))?
+            .with_context(|| format!("cannot reach tidegate at {url}"))?;
+        let status = response.status();
+        let body = http_body_util::BodyExt::collect(response.into_body()).await?.to_bytes();
+        anyhow::Ok((status, body))
+    })
+}
+
+/// `tidegate healthcheck`: 0 when `/healthz` answers 200.
+fn healthcheck(url: &str) -> anyhow::Result<()> {
+    let (status, body) = http_call(http::Method::GET, url, None)?;
+    if status.is_success() {
+        return Ok(());
+    }
+    anyhow::bail!("{url} answered {status}: {}", String::from_utf8_lossy(&body).trim())
 }
 
 async fn shutdown_signal() {

@@ -193,6 +193,14 @@ async fn sighup_reloads_a_running_process() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(send("k-bob").await, 401);
+    // The image's HEALTHCHECK command, against this process and a dead port.
+    let health = |url: String| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tidegate")).args(["healthcheck", "--url", &url]).output().unwrap()
+    };
+    assert!(health(format!("{base}/healthz")).status.success());
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let out = health(format!("http://{dead}/healthz"));
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("cannot reach"));
     let path = proc.dir.path().join("tidegate.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(
