@@ -190,6 +190,11 @@ http {{
     write("journal.yaml", open(gw_cfg).read()
           .replace(f"listen: 127.0.0.1:{GW}", f"listen: 127.0.0.1:{GW + 2}")
           .replace('journal: "off"', f"journal: {TMP}/journal.db"))
+    # OTEL=1 adds this build with OpenTelemetry export on (to an endpoint
+    # that answers 404: every span is built, batched and sent all the same).
+    write("otel.yaml", open(gw_cfg).read()
+          .replace(f"listen: 127.0.0.1:{GW}", f"listen: 127.0.0.1:{GW + 3}")
+          .replace("upstreams:", f'otel: {{ endpoint: "http://127.0.0.1:{SIM}/otlp" }}\nupstreams:', 1))
     log_env = {"RUST_LOG": os.environ.get("RUST_LOG", "info"), "NO_COLOR": "1"}
     procs = []
     try:
@@ -216,6 +221,11 @@ http {{
                                 "--workers", "1"], 0, log_env, "journal.log"))
             wait_port(GW + 2)
             targets["journal"] = GW + 2
+        if os.environ.get("OTEL"):
+            procs.append(start([BIN, "serve", "--config", gw_cfg.replace("tidegate.yaml", "otel.yaml"),
+                                "--workers", "1"], 0, log_env, "otel.log"))
+            wait_port(GW + 3)
+            targets["otel"] = GW + 3
         results = {name: {} for name in targets}
         ulimit_ok = True
 
@@ -256,7 +266,7 @@ http {{
         results["nginx"]["rss"] = [rss_peak_kib(nginx_worker_pid(nginx.pid)) / 1024]
         results["tidegate"]["rss"] = [rss_peak_kib(gw.pid) / 1024]
         results["direct"]["rss"] = [float("nan")]
-        for extra in ("baseline", "journal"):
+        for extra in ("baseline", "journal", "otel"):
             if extra in results:
                 results[extra]["rss"] = [float("nan")]
     finally:
@@ -300,6 +310,11 @@ http {{
         print()
         print(f"Baseline binary, same run: throughput {b['rps']:.0f} req/s = {b['rps'] / n['rps']:.2f}× nginx; "
               f"this build {t['rps'] / n['rps']:.2f}× nginx ({100 * (t['rps'] / b['rps'] - 1):+.1f}% vs baseline)")
+    if "otel" in m:
+        o = m["otel"]
+        print()
+        print(f"OpenTelemetry on vs off, same run: {o['rps']:.0f} vs {t['rps']:.0f} req/s = {o['rps'] / t['rps']:.3f}; "
+              f"added p50 {o['p50'] - t['p50']:+.3f} ms")
     if "journal" in m:
         j = m["journal"]
         print()

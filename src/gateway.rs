@@ -145,7 +145,9 @@ impl Gateway {
             (Some(otel), _) => Some(Arc::new(Exporter::start(otel).map_err(|e| BuildError::Metrics(e.to_string()))?)),
             (None, _) => None,
         };
+        let generation = journal.as_ref().map_or(0, |j| j.register(names.clone()));
         let sink = Arc::new(Sink {
+            generation,
             tracer,
             journal,
             metrics,

@@ -133,8 +133,10 @@ pub struct Record {
     pub stream: bool,
     /// The client's volume was far above its baseline.
     pub anomaly: bool,
-    /// The upstreams' names its indices refer to.
-    pub names: Arc<[String]>,
+    /// The config generation whose upstream names its indices refer to
+    /// (see [`Journal::register`]); two bytes, so a record stays within two
+    /// cache lines.
+    pub generation: u16,
     /// Error, partial text and attempts, when the request has any.
     pub detail: Option<Box<Detail>>,
 }
@@ -157,8 +159,8 @@ impl Record {
     }
 
     /// Upstreams tried, in order, each once, comma-separated.
-    fn targets(&self) -> std::borrow::Cow<'_, str> {
-        let name = |i: usize| self.names.get(i).map_or("", String::as_str);
+    fn targets<'a>(&self, names: &'a [String]) -> std::borrow::Cow<'a, str> {
+        let name = |i: usize| names.get(i).map_or("", String::as_str);
         let attempts = self.attempts();
         if attempts.is_empty() {
             return self.upstream.map_or("", |i| name(usize::from(i))).into();
@@ -182,9 +184,13 @@ pub struct Retention {
     pub max_rows: u64,
 }
 
+/// The upstream names of every config generation, by number.
+type Generations = Arc<std::sync::RwLock<Vec<Arc<[String]>>>>;
+
 /// Where requests send their rows; cheap to clone.
 #[derive(Clone)]
 pub struct Journal {
+    generations: Generations,
     tx: SyncSender<Record>,
     dropped: Arc<AtomicU64>,
     path: Arc<PathBuf>,
@@ -211,13 +217,31 @@ impl Journal {
         let (file, counter) = (path.to_path_buf(), dropped.clone());
         let done = Arc::new(AtomicU64::new(0));
         let handled = done.clone();
+        let generations: Generations = Arc::default();
+        let names = generations.clone();
         let spawned = std::thread::Builder::new()
             .name("tidegate-journal".into())
-            .spawn(move || writer(&file, &retention, &rx, &counter, &handled));
+            .spawn(move || writer(&file, &names, &retention, &rx, &counter, &handled));
         if let Err(err) = spawned {
             tracing::error!(error = %err, "cannot start the journal writer; requests will not be journaled");
         }
-        Journal { tx, dropped, path: Arc::new(path.to_path_buf()), sent: Default::default(), done }
+        Journal { tx, dropped, path: Arc::new(path.to_path_buf()), sent: Default::default(), done, generations }
+    }
+
+    /// Registers the upstream names of a config generation (one per
+    /// reload that changes them) and returns the number its records carry.
+    pub fn register(&self, names: Arc<[String]>) -> u16 {
+        let Ok(mut all) = self.generations.write() else { return 0 };
+        if all.last().is_some_and(|last| *last == names) {
+            return (all.len() - 1) as u16;
+        }
+        if all.len() > usize::from(u16::MAX) {
+            // 65 536 generations: the last one is reused (rows name the
+            // newest upstreams).
+            all.pop();
+        }
+        all.push(names);
+        (all.len() - 1) as u16
     }
 
     /// Blocks until every row handed over so far is written (or dropped by
@@ -373,7 +397,14 @@ fn newest_key(path: &Path) -> u64 {
         .map_or(0, |k| k as u64)
 }
 
-fn writer(path: &Path, retention: &Retention, rx: &Receiver<Record>, dropped: &AtomicU64, done: &AtomicU64) {
+fn writer(
+    path: &Path,
+    generations: &Generations,
+    retention: &Retention,
+    rx: &Receiver<Record>,
+    dropped: &AtomicU64,
+    done: &AtomicU64,
+) {
     let mut conn: Option<Connection> = None;
     let mut warned = false;
     // Rows in the table (counted once at open, then tracked), and rows
@@ -420,7 +451,8 @@ fn writer(path: &Path, retention: &Retention, rx: &Receiver<Record>, dropped: &A
         // Requests end in a different order than they arrived; in key
         // order, the batch is appended at the B-tree's edge.
         batch.sort_unstable_by_key(|r| r.id.as_u64_pair().0);
-        match insert(c, &batch) {
+        let names = generations.read().map(|g| g.clone()).unwrap_or_default();
+        match insert(c, &names, &batch) {
             Ok(()) => {
                 written += batch.len() as u64;
                 rows += batch.len() as u64;
@@ -472,10 +504,10 @@ fn key(id: &uuid::Uuid) -> (i64, i64) {
     (hi as i64, lo as i64)
 }
 
-fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, r: &Record) -> rusqlite::Result<()> {
+fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, names: &[String], r: &Record) -> rusqlite::Result<()> {
     let (hi, lo) = key(&r.id);
     let detail = r.detail.as_deref();
-    let targets = r.targets();
+    let targets = r.targets(names);
     let targets: &str = &targets;
     // In the order of REQUEST_TABLE (the array's length is checked against it).
     let values: [&dyn rusqlite::ToSql; REQUEST_COLUMNS] = [
@@ -504,7 +536,9 @@ fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, r: &Record) -> 
     Ok(())
 }
 
-fn insert(conn: &mut Connection, batch: &[Record]) -> rusqlite::Result<()> {
+/// Writes a batch; `generations` are the upstream names by generation.
+fn insert(conn: &mut Connection, generations: &[Arc<[String]>], batch: &[Record]) -> rusqlite::Result<()> {
+    let names = |r: &Record| generations.get(usize::from(r.generation)).map_or(&[][..], |n| &n[..]);
     let tx = conn.transaction()?;
     {
         let mut many = tx.prepare_cached(&insert_sql(ROWS_PER_INSERT))?;
@@ -513,12 +547,12 @@ fn insert(conn: &mut Connection, batch: &[Record]) -> rusqlite::Result<()> {
             let stmt = if chunk.len() == ROWS_PER_INSERT { &mut many } else { &mut one };
             if chunk.len() == ROWS_PER_INSERT {
                 for (k, r) in chunk.iter().enumerate() {
-                    bind_request(stmt, k * REQUEST_COLUMNS, r)?;
+                    bind_request(stmt, k * REQUEST_COLUMNS, names(r), r)?;
                 }
                 stmt.raw_execute()?;
             } else {
                 for r in chunk {
-                    bind_request(stmt, 0, r)?;
+                    bind_request(stmt, 0, names(r), r)?;
                     stmt.raw_execute()?;
                 }
             }
@@ -533,7 +567,7 @@ fn insert(conn: &mut Connection, batch: &[Record]) -> rusqlite::Result<()> {
                 att.execute(params![
                     id,
                     n as i64 + 1,
-                    r.names.get(a.upstream).map_or("", String::as_str),
+                    names(r).get(a.upstream).map_or("", String::as_str),
                     a.status,
                     a.class.map(Class::as_str),
                     a.summary,
@@ -742,7 +776,7 @@ mod tests {
 
     /// The record the request path would have built for `r`, with
     /// upstreams as indices into `names`.
-    fn record(r: &Row, names: &Arc<[String]>) -> Record {
+    fn record(r: &Row, names: &[String]) -> Record {
         let index = |n: &str| names.iter().position(|x| x == n).unwrap();
         let implied = implied_attempt(r).is_some_and(|i| r.attempts == [i]);
         let attempts: Vec<AttemptLog> = if implied {
@@ -778,7 +812,7 @@ mod tests {
             class: r.class.as_deref().map(class),
             stream: r.stream,
             anomaly: r.anomaly,
-            names: names.clone(),
+            generation: 0,
             detail,
         }
     }
@@ -795,9 +829,8 @@ mod tests {
                 }
             }
         }
-        let names: Arc<[String]> = names.into();
         let batch: Vec<Record> = rows.iter().map(|r| record(r, &names)).collect();
-        insert(conn, &batch).unwrap();
+        insert(conn, &[Arc::from(names)], &batch).unwrap();
     }
 
     #[test]

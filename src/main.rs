@@ -379,7 +379,11 @@ fn reload(path: &Path, url: Option<String>) -> anyhow::Result<()> {
 
 /// One plain-HTTP call, for the commands that talk to a running tidegate:
 /// status and body.
-fn http_call(method: http::Method, url: &str, bearer: Option<&str>) -> anyhow::Result<(http::StatusCode, bytes::Bytes)> {
+fn http_call(
+    method: http::Method,
+    url: &str,
+    bearer: Option<&str>,
+) -> anyhow::Result<(http::StatusCode, bytes::Bytes)> {
     let uri: http::Uri = url.parse().with_context(|| format!("not a URL: {url}"))?;
     let mut request = http::Request::builder().method(method).uri(uri);
     if let Some(key) = bearer {

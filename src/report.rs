@@ -77,6 +77,8 @@ pub struct Sink {
     pub metrics: Arc<Metrics>,
     /// Upstream names by index.
     pub names: Arc<[String]>,
+    /// The journal's number for these names (see `Journal::register`).
+    pub generation: u16,
     /// Keep partial stream text.
     pub keep_partial: bool,
     /// The dashboard's recent buckets.
@@ -195,7 +197,7 @@ impl Report {
             class: self.class,
             stream: self.stream,
             anomaly: self.anomaly,
-            names: sink.names.clone(),
+            generation: sink.generation,
             detail,
         }
     }

@@ -65,7 +65,10 @@ async fn a_reload_under_load_fails_nothing_and_applies_at_once() {
     let path = dir.path().join("tidegate.yaml");
     let old_key = "  - { name: alice, key: k-alice }";
     let gone = format!("  - {{ name: gone, protocol: openai, base_url: \"{}\" }}", sim.openai_url());
-    std::fs::write(&path, config_text(&sim, old_key, &gone, "  slow: { targets: [{ upstream: gone }] }")).unwrap();
+    let journal = format!("journal: {}", dir.path().join("j.db").display());
+    let with_journal = |text: String| text.replace("journal: \"off\"", &journal);
+    std::fs::write(&path, with_journal(config_text(&sim, old_key, &gone, "  slow: { targets: [{ upstream: gone }] }")))
+        .unwrap();
     let gw = start(&path).await;
 
     // Teach the upstream its limit: a burst past "more than 2" lowers it.
@@ -104,7 +107,11 @@ async fn a_reload_under_load_fails_nothing_and_applies_at_once() {
 
     let new_keys = "  - { name: alice, key: k-alice }\n  - { name: bob, key: k-bob }";
     let added = format!("  - {{ name: extra, protocol: openai, base_url: \"{}\" }}", sim.openai_url());
-    std::fs::write(&path, config_text(&sim, new_keys, &added, "  more: { targets: [{ upstream: extra }] }")).unwrap();
+    std::fs::write(
+        &path,
+        with_journal(config_text(&sim, new_keys, &added, "  more: { targets: [{ upstream: extra }] }")),
+    )
+    .unwrap();
     let changes = gw.reload().await.unwrap();
     assert_eq!(changes.kept, ["main", "learner"]);
     assert_eq!(changes.added, ["extra"]);
@@ -129,6 +136,22 @@ async fn a_reload_under_load_fails_nothing_and_applies_at_once() {
     assert_eq!(after["upstreams"][1]["name"], "learner");
     assert_eq!(after["upstreams"][1]["effective_limit"].as_u64().unwrap(), learned, "learned limit kept");
     assert_eq!(post(&gw, "k-alice", "slow").await, 404, "the removed route is gone for new requests");
+    // The journal names each request's upstream as its own generation had
+    // it: `gone` and `extra` had the same index in their configs.
+    let mut by_model = std::collections::HashMap::new();
+    for _ in 0..100 {
+        let rows = admin_json(&gw, "/admin/requests?limit=2000").await;
+        for r in rows["requests"].as_array().unwrap() {
+            by_model
+                .insert(r["model"].as_str().unwrap_or("").to_owned(), r["targets"].as_str().unwrap_or("").to_owned());
+        }
+        if by_model.contains_key("slow") && by_model.contains_key("more") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(by_model.get("slow").map(String::as_str), Some("gone"), "{by_model:?}");
+    assert_eq!(by_model.get("more").map(String::as_str), Some("extra"), "{by_model:?}");
 }
 
 #[tokio::test]
@@ -195,7 +218,10 @@ async fn sighup_reloads_a_running_process() {
     assert_eq!(send("k-bob").await, 401);
     // The image's HEALTHCHECK command, against this process and a dead port.
     let health = |url: String| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tidegate")).args(["healthcheck", "--url", &url]).output().unwrap()
+        std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
+            .args(["healthcheck", "--url", &url])
+            .output()
+            .unwrap()
     };
     assert!(health(format!("{base}/healthz")).status.success());
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
