@@ -195,7 +195,16 @@ fn log(
     Ok(())
 }
 
+/// The async runtime: `workers` threads, or one per CPU this process may
+/// use (its affinity and cgroup quota, as `available_parallelism` reads
+/// them) when 0. One thread gets tokio's current-thread runtime: on one
+/// core the multi-threaded scheduler only adds cross-thread wake-ups
+/// (measured ~7% of throughput, bench/).
 fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let workers = match workers {
+        0 => std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get),
+        n => n,
+    };
     let mut builder = if workers == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {

@@ -268,3 +268,46 @@ async fn a_burst_is_journaled_row_for_row_under_the_ids_clients_were_given() {
     by_time.reverse();
     assert_eq!(by_time, stored, "newest first is id order");
 }
+
+/// The per-request log line is the record only when the journal is off:
+/// with the journal on it moves to `debug` (a second record per request
+/// costs throughput and says nothing the journal does not).
+#[tokio::test]
+async fn the_request_log_line_is_info_only_without_a_journal() {
+    let sim = sim(&[]);
+    for (journal, expect_line) in [(true, false), (false, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let journal_line =
+            if journal { format!("journal: {}", dir.path().join("j.db").display()) } else { "journal: \"off\"".into() };
+        let config = yaml(&sim, &journal_line, "", "").replace("listen: 127.0.0.1:0", &format!("listen: {addr}"));
+        let path = dir.path().join("tidegate.yaml");
+        std::fs::write(&path, config).unwrap();
+        let log = dir.path().join("stderr.log");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let base = format!("http://{addr}");
+        let mut status = 0;
+        for _ in 0..200 {
+            let sent = client().post(format!("{base}/v1/chat/completions")).body(r#"{"model":"gpt"}"#).send().await;
+            if let Ok(resp) = sent {
+                status = resp.status().as_u16();
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(status, 200);
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        child.wait().unwrap();
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains("tidegate listening"), "{text}");
+        assert_eq!(text.contains("request id="), expect_line, "journal {journal}: {text}");
+    }
+}

@@ -1,0 +1,161 @@
+"""Per-core efficiency with the defaults a user runs (issue: "at nginx's
+speed, streams included"). Run by bench/core.sh.
+
+The reference is nginx at its best: 1 worker, `access_log off`, upstream
+keep-alive, `proxy_buffering off`. The main column is tidegate as a user
+runs it: `tidegate serve --config F`, no flags, no RUST_LOG, the journal on
+(its default file). Extra columns price each cost: `--workers 1`,
+`--workers 1` + `RUST_LOG=warn`, and the journal off. With BASELINE_BIN, an
+older build with the same defaults is another column. Every proxy is
+pinned to CPU 0; the upstream (examples/upstream.rs, a minimal hyper
+server, not tidegate) and the load generators share CPU 1. Medians of REPS
+interleaved repetitions, ratios against nginx measured in the same run.
+"""
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import run  # noqa: E402  (helpers: start, stop, wait_port, write, wrk, oha, cpu_seconds, rss, TMP)
+
+REPS = int(os.environ.get("REPS", 3))
+DUR = os.environ.get("DUR", "5s")
+UP, NGINX, GW = 19100, 19101, 19110
+BODY = '{"model":"bench","messages":[{"role":"user","content":"hello"}]}'
+SSE = '{"model":"bench","stream":true,"messages":[{"role":"user","content":"hello"}]}'
+SLOW = '{"model":"slow","messages":[{"role":"user","content":"hello"}]}'
+UPSTREAM_BIN = os.path.abspath("target/release/examples/upstream")
+
+
+def cpu_per_request(pid, port):
+    """CPU µs per request of process `pid` under 500 req/s for DUR, and the
+    latency percentiles of that run (ms)."""
+    before = run.cpu_seconds(pid)
+    d = run.oha(port, BODY, "-z", DUR, "-q", "500", "--latency-correction", "-c", "32")
+    used = run.cpu_seconds(pid) - before
+    n = d["summary"].get("successRate", 1) and sum(d.get("statusCodeDistribution", {}).values())
+    return used * 1e6 / max(n, 1), d["latencyPercentiles"]["p50"] * 1000, d["latencyPercentiles"]["p99"] * 1000
+
+
+def main():
+    tmp = run.TMP
+    template = (
+        "listen: 127.0.0.1:{port}\nupstreams:\n"
+        f'  - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{UP}/v1" }}\n'
+        "models:\n  bench: { targets: [{ upstream: up }] }\n  slow: { targets: [{ upstream: up }] }\n"
+    )
+    nginx_cfg = run.write("nginx-core.conf", f"""
+worker_processes 1;
+worker_rlimit_nofile 65536;
+pid {tmp}/nginx-core.pid;
+error_log {tmp}/nginx-core-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  upstream up {{ server 127.0.0.1:{UP}; keepalive 1024; }}
+  server {{
+    listen 127.0.0.1:{NGINX} backlog=4096;
+    location / {{
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      tcp_nodelay on;
+    }}
+  }}
+}}
+""")
+    columns = [
+        ("defaults", run.BIN, [], {}, ""),
+        ("--workers 1", run.BIN, ["--workers", "1"], {}, ""),
+        ("workers 1 + warn", run.BIN, ["--workers", "1"], {"RUST_LOG": "warn"}, ""),
+        ("journal off", run.BIN, [], {}, 'journal: "off"\n'),
+    ]
+    if os.environ.get("BASELINE_BIN"):
+        columns.append(("baseline defaults", os.path.abspath(os.environ["BASELINE_BIN"]), [], {}, ""))
+    procs, targets, pids = [], {"direct": UP, "nginx": NGINX}, {}
+    try:
+        procs.append(run.start([UPSTREAM_BIN, f"127.0.0.1:{UP}"], 1, log="upstream.log"))
+        run.wait_port(UP)
+        nginx = run.start(["nginx", "-c", nginx_cfg, "-g", "daemon off;"], 0, log="nginx-core.log")
+        procs.append(nginx)
+        run.wait_port(NGINX)
+        for i, (name, binary, args, env, extra) in enumerate(columns):
+            port = GW + i
+            cwd = os.path.join(tmp, f"col{i}")
+            os.makedirs(cwd, exist_ok=True)
+            cfg = os.path.join(cwd, "tidegate.yaml")
+            with open(cfg, "w") as f:
+                f.write(extra + template.replace("{port}", str(port)))
+            # A user's environment: no RUST_LOG unless the column sets one.
+            base_env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+            out = open(os.path.join(tmp, f"col{i}.log"), "w")
+            p = subprocess.Popen(["taskset", "-c", "0", binary, "serve", "--config", cfg, *args], cwd=cwd,
+                                 stdout=out, stderr=out, env=dict(base_env, **env))
+            procs.append(p)
+            run.wait_port(port)
+            targets[name] = port
+            pids[name] = p.pid
+        time.sleep(0.5)
+        pids["nginx"] = run.nginx_worker_pid(nginx.pid)
+        print(f"# per-core bench ({REPS} reps, medians; logs in {tmp})", file=sys.stderr)
+        for port in targets.values():
+            run.oha(port, BODY, "-n", "2000", "-c", "16")
+        res = {n: {} for n in targets}
+        print("- saturated throughput, 64 connections", file=sys.stderr)
+        for _ in range(REPS):
+            for n, port in targets.items():
+                res[n].setdefault("rps", []).append(run.wrk_rps(port, BODY))
+        print("- 500 req/s: CPU per request, latency", file=sys.stderr)
+        for _ in range(REPS):
+            for n, port in targets.items():
+                if n == "direct":
+                    d = run.oha(port, BODY, "-z", DUR, "-q", "500", "--latency-correction", "-c", "32")
+                    res[n].setdefault("p50", []).append(d["latencyPercentiles"]["p50"] * 1000)
+                    res[n].setdefault("p99", []).append(d["latencyPercentiles"]["p99"] * 1000)
+                    continue
+                cpu, p50, p99 = cpu_per_request(pids[n], port)
+                res[n].setdefault("cpu", []).append(cpu)
+                res[n].setdefault("p50", []).append(p50)
+                res[n].setdefault("p99", []).append(p99)
+        print("- SSE, 20 chunks back to back", file=sys.stderr)
+        for _ in range(REPS):
+            for n, port in targets.items():
+                d = run.oha(port, SSE, "-n", "300", "-c", "1")
+                res[n].setdefault("ttfb", []).append(d["firstBytePercentiles"]["p50"] * 1000)
+                res[n].setdefault("total", []).append(d["latencyPercentiles"]["p50"] * 1000)
+        print("- 1000 concurrent slow requests (200 ms upstream)", file=sys.stderr)
+        for n, port in targets.items():
+            if n == "direct":
+                continue
+            d = run.oha(port, SLOW, "-n", "3000", "-c", "1000")
+            res[n]["slow_ok"] = [d.get("statusCodeDistribution", {}).get("200", 0)]
+            res[n]["rss"] = [run.rss_peak_kib(pids[n]) / 1024]
+    finally:
+        run.stop(procs)
+
+    m = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in res.items()}
+    d, ng = m["direct"], m["nginx"]
+    names = [n for n in m if n not in ("direct",)]
+    print("| | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+
+    def row(label, f):
+        print(f"| {label} | " + " | ".join(f(m[n]) for n in names) + " |")
+
+    row("saturated req/s", lambda x: f"{x['rps']:.0f}")
+    row("  × nginx", lambda x: f"{x['rps'] / ng['rps']:.2f}")
+    row("CPU µs per request @500/s", lambda x: f"{x['cpu']:.1f}")
+    row("  × nginx", lambda x: f"{x['cpu'] / ng['cpu']:.2f}")
+    row("added p50 / p99 @500/s, ms", lambda x: f"{x['p50'] - d['p50']:.3f} / {x['p99'] - d['p99']:.3f}")
+    row("SSE 20 chunks: added TTFB / total, ms", lambda x: f"{x['ttfb'] - d['ttfb']:.3f} / {x['total'] - d['total']:.3f}")
+    row("1000 slow: ok of 3000", lambda x: f"{x['slow_ok']:.0f}")
+    row("peak RSS, MiB", lambda x: f"{x['rss']:.1f}")
+    row("  × nginx", lambda x: f"{x['rss'] / ng['rss']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
