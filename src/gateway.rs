@@ -234,6 +234,9 @@ pub struct Live {
     source: Option<PathBuf>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// `--listen` given on the command line: it wins over the file's on
+    /// every reload too.
+    listen_override: std::sync::Mutex<Option<std::net::SocketAddr>>,
     /// The task applying other replicas' announcements (to the gateway in
     /// force when each arrives).
     follower: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -279,8 +282,16 @@ impl Live {
             current: ArcSwap::from_pointee(gateway),
             source,
             reloading: tokio::sync::Mutex::new(()),
+            listen_override: std::sync::Mutex::new(None),
             follower: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Keeps `listen` (a command-line override) across reloads.
+    pub fn override_listen(&self, listen: std::net::SocketAddr) {
+        if let Ok(mut l) = self.listen_override.lock() {
+            *l = Some(listen);
+        }
     }
 
     /// The gateway in force.
@@ -292,7 +303,10 @@ impl Live {
     pub async fn reload(self: &Arc<Self>) -> Result<Reloaded, ReloadError> {
         let path = self.source.as_deref().ok_or(ReloadError::NoSource)?;
         // A small file, read once per reload: no need to leave the runtime.
-        let config = Config::load(path)?;
+        let mut config = Config::load(path)?;
+        if let Some(listen) = self.listen_override.lock().ok().and_then(|l| *l) {
+            config.listen = listen;
+        }
         self.apply(config).await
     }
 

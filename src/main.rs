@@ -271,6 +271,9 @@ fn serve(path: &Path, workers: Option<usize>, listen: Option<SocketAddr>) -> any
         let mut running = tidegate::server::start_from(config, Some(path.to_path_buf())).await?;
         tracing::info!(addr = %running.addr, "tidegate listening");
         tokio::spawn(return_idle_memory());
+        if let Some(listen) = listen {
+            running.live().override_listen(listen);
+        }
         tokio::spawn(reload_on_hangup(running.live()));
         tokio::select! {
             () = running.wait() => return Ok(()),

@@ -263,3 +263,34 @@ async fn sighup_reloads_a_running_process() {
     assert_eq!(send("k-carol").await, 200);
     assert_eq!(send("k-bob").await, 401, "a removed key is refused at once");
 }
+
+/// A `--listen` given on the command line holds across reloads: the file's
+/// address is not reported as a change needing a restart.
+#[tokio::test]
+async fn a_command_line_listen_survives_a_reload() {
+    let sim = simulator();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tidegate.yaml");
+    std::fs::write(&path, config_text(&sim, "  - { name: alice, key: k-alice }", "", "")).unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["serve", "--listen", &addr.to_string(), "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://{addr}");
+    for _ in 0..300 {
+        if client().get(format!("{base}/healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resp = client().post(format!("{base}/admin/reload")).bearer_auth("adm").send().await.unwrap();
+    let v: serde_json::Value = resp.json().await.unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(v["reloaded"], true, "{v}");
+    assert_eq!(v["changes"]["needs_restart"], serde_json::json!([]), "{v}");
+}
