@@ -36,38 +36,18 @@ def cpu_per_request(pid, port):
     before = run.cpu_seconds(pid)
     d = run.oha(port, BODY, "-z", DUR, "-q", "500", "--latency-correction", "-c", "32")
     used = run.cpu_seconds(pid) - before
-    n = d["summary"].get("successRate", 1) and sum(d.get("statusCodeDistribution", {}).values())
+    n = sum(d.get("statusCodeDistribution", {}).values())
     return used * 1e6 / max(n, 1), d["latencyPercentiles"]["p50"] * 1000, d["latencyPercentiles"]["p99"] * 1000
 
 
 def main():
-    tmp = run.TMP
     template = (
         "listen: 127.0.0.1:{port}\nupstreams:\n"
         f'  - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{UP}/v1" }}\n'
         "models:\n  bench: { targets: [{ upstream: up }] }\n  slow: { targets: [{ upstream: up }] }\n"
     )
-    nginx_cfg = run.write("nginx-core.conf", f"""
-worker_processes 1;
-worker_rlimit_nofile 65536;
-pid {tmp}/nginx-core.pid;
-error_log {tmp}/nginx-core-error.log warn;
-events {{ worker_connections 8192; }}
-http {{
-  access_log off;
-  upstream up {{ server 127.0.0.1:{UP}; keepalive 1024; }}
-  server {{
-    listen 127.0.0.1:{NGINX} backlog=4096;
-    location / {{
-      proxy_pass http://up;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      tcp_nodelay on;
-    }}
-  }}
-}}
-""")
+    nginx_cfg = run.nginx_conf("nginx-core.conf", NGINX, UP, "off")
+
     columns = [
         ("defaults", run.BIN, [], {}, ""),
         ("--workers 1", run.BIN, ["--workers", "1"], {}, ""),
@@ -85,14 +65,14 @@ http {{
         run.wait_port(NGINX)
         for i, (name, binary, args, env, extra) in enumerate(columns):
             port = GW + i
-            cwd = os.path.join(tmp, f"col{i}")
+            cwd = os.path.join(run.TMP, f"col{i}")
             os.makedirs(cwd, exist_ok=True)
             cfg = os.path.join(cwd, "tidegate.yaml")
             with open(cfg, "w") as f:
                 f.write(extra + template.replace("{port}", str(port)))
             # A user's environment: no RUST_LOG unless the column sets one.
             base_env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
-            out = open(os.path.join(tmp, f"col{i}.log"), "w")
+            out = open(os.path.join(run.TMP, f"col{i}.log"), "w")
             p = subprocess.Popen(["taskset", "-c", "0", binary, "serve", "--config", cfg, *args], cwd=cwd,
                                  stdout=out, stderr=out, env=dict(base_env, **env))
             procs.append(p)
@@ -101,7 +81,7 @@ http {{
             pids[name] = p.pid
         time.sleep(0.5)
         pids["nginx"] = run.nginx_worker_pid(nginx.pid)
-        print(f"# per-core bench ({REPS} reps, medians; logs in {tmp})", file=sys.stderr)
+        print(f"# per-core bench ({REPS} reps, medians; logs in {run.TMP})", file=sys.stderr)
         for port in targets.values():
             run.oha(port, BODY, "-n", "2000", "-c", "16")
         res = {n: {} for n in targets}

@@ -74,6 +74,32 @@ def status_kib(pid, field):
     return 0
 
 
+def nginx_conf(name, port, upstream, access_log):
+    """nginx as a plain reverse proxy: 1 worker, upstream keep-alive,
+    `proxy_buffering off`; `access_log` a file, or "off" (nginx at its best)."""
+    return write(name, f"""
+worker_processes 1;
+worker_rlimit_nofile 65536;
+pid {TMP}/{name}.pid;
+error_log {TMP}/{name}-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log {access_log};
+  upstream up {{ server 127.0.0.1:{upstream}; keepalive 1024; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location / {{
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      tcp_nodelay on;
+    }}
+  }}
+}}
+""")
+
+
 def rss_peak_kib(pid):
     return status_kib(pid, "VmHWM")
 
@@ -163,27 +189,8 @@ models:
   slow: {{ targets: [{{ upstream: sim }}] }}
   chunks200: {{ targets: [{{ upstream: sim }}] }}
 """)
-    nginx_cfg = write("nginx.conf", f"""
-worker_processes 1;
-worker_rlimit_nofile 65536;
-pid {TMP}/nginx.pid;
-error_log {TMP}/nginx-error.log warn;
-events {{ worker_connections 8192; }}
-http {{
-  access_log {TMP}/nginx-access.log;
-  upstream sim {{ server 127.0.0.1:{SIM}; keepalive 1024; }}
-  server {{
-    listen 127.0.0.1:{NGINX} backlog=4096;
-    location / {{
-      proxy_pass http://sim;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      tcp_nodelay on;
-    }}
-  }}
-}}
-""")
+    nginx_cfg = nginx_conf("nginx.conf", NGINX, SIM, f"{TMP}/nginx-access.log")
+
     write("baseline.yaml", open(gw_cfg).read().replace(f"listen: 127.0.0.1:{GW}", f"listen: 127.0.0.1:{GW + 1}"))
     # JOURNAL=1 adds this build with the journal on as another column (the
     # main columns run with `journal: off`).

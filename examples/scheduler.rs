@@ -101,36 +101,48 @@ fn payloads() -> (Vec<Payload>, Vec<oneshot::Receiver<()>>) {
     (0..WAITING).map(|_| oneshot::channel()).unzip()
 }
 
-fn round_robin(names: &[String]) -> Run {
+/// What both queues do, for one measurement loop.
+trait Queue {
+    /// Queues the payload of key number `k`.
+    fn push(&mut self, k: usize, tx: Payload);
+    /// The next payload to hand out.
+    fn pop(&mut self) -> Option<Payload>;
+}
+
+/// The old round robin, with its key names.
+struct Reference<'a>(RoundRobin, &'a [String]);
+
+impl Queue for Reference<'_> {
+    fn push(&mut self, k: usize, tx: Payload) {
+        self.0.push(&self.1[k], tx);
+    }
+    fn pop(&mut self) -> Option<Payload> {
+        self.0.pop()
+    }
+}
+
+/// The weighted fair queue, with its keys.
+struct Weighted<'a>(Fair<Payload>, &'a [Who]);
+
+impl Queue for Weighted<'_> {
+    fn push(&mut self, k: usize, tx: Payload) {
+        self.0.push(&self.1[k], tx);
+    }
+    fn pop(&mut self) -> Option<Payload> {
+        self.0.pop()
+    }
+}
+
+/// Queues WAITING payloads from KEYS keys, then hands them all out.
+fn measure(mut q: impl Queue) -> Run {
     let (txs, _rxs) = payloads();
     let before = LIVE.load(Ordering::Relaxed);
-    let mut q = RoundRobin::default();
     let t = Instant::now();
     for (i, tx) in txs.into_iter().enumerate() {
-        q.push(&names[i % KEYS], tx);
+        q.push(i % KEYS, tx);
     }
     let push_ns = t.elapsed().as_nanos() as f64 / WAITING as f64;
     // The payloads were allocated before: what is counted is the queue's own.
-    let bytes = (LIVE.load(Ordering::Relaxed) - before) as f64 / WAITING as f64;
-    let t = Instant::now();
-    let mut n = 0;
-    while let Some(tx) = q.pop() {
-        std::hint::black_box(&tx);
-        n += 1;
-    }
-    assert_eq!(n, WAITING);
-    Run { push_ns, pop_ns: t.elapsed().as_nanos() as f64 / WAITING as f64, bytes_per_waiter: bytes }
-}
-
-fn fair(whos: &[Who]) -> Run {
-    let (txs, _rxs) = payloads();
-    let before = LIVE.load(Ordering::Relaxed);
-    let mut q = Fair::new(0.1);
-    let t = Instant::now();
-    for (i, tx) in txs.into_iter().enumerate() {
-        q.push(&whos[i % KEYS], tx);
-    }
-    let push_ns = t.elapsed().as_nanos() as f64 / WAITING as f64;
     let bytes = (LIVE.load(Ordering::Relaxed) - before) as f64 / WAITING as f64;
     let t = Instant::now();
     let mut n = 0;
@@ -163,11 +175,11 @@ fn main() {
     for rep in 0..reps {
         // Interleaved, alternating which goes first.
         if rep % 2 == 0 {
-            rr.push(round_robin(&names));
-            wf.push(fair(&whos));
+            rr.push(measure(Reference(RoundRobin::default(), &names)));
+            wf.push(measure(Weighted(Fair::new(0.1), &whos)));
         } else {
-            wf.push(fair(&whos));
-            rr.push(round_robin(&names));
+            wf.push(measure(Weighted(Fair::new(0.1), &whos)));
+            rr.push(measure(Reference(RoundRobin::default(), &names)));
         }
     }
     let m = |runs: &[Run], f: fn(&Run) -> f64| median(runs.iter().map(f).collect());

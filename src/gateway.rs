@@ -69,6 +69,15 @@ pub struct Gateway {
     shared: Option<Arc<SharedState>>,
 }
 
+/// Whether two parts use the same shared store (or both none).
+fn same_store(a: Option<&Arc<SharedState>>, b: Option<&Arc<SharedState>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
 /// Names the shared store keeps keys for: the upstreams and the limited
 /// client lanes.
 fn shared_names(config: &Config) -> Vec<String> {
@@ -142,7 +151,7 @@ impl Gateway {
         let aliases = config.models.keys().map(|a| Arc::from(a.as_str())).collect();
         let tracer = match (&config.otel, previous.and_then(|p| p.sink.tracer.clone())) {
             (Some(otel), Some(kept)) if kept.config == *otel => Some(kept),
-            (Some(otel), _) => Some(Arc::new(Exporter::start(otel).map_err(|e| BuildError::Metrics(e.to_string()))?)),
+            (Some(otel), _) => Some(Arc::new(Exporter::start(otel).map_err(|e| BuildError::Otel(e.to_string()))?)),
             (None, _) => None,
         };
         let generation = journal.as_ref().map_or(0, |j| j.register(names.clone()));
@@ -157,11 +166,7 @@ impl Gateway {
             active: previous.map(|p| p.sink.active.clone()).unwrap_or_default(),
             flood: previous.map(|p| p.sink.flood.clone()).unwrap_or_default(),
         });
-        let same_lanes = previous.filter(|p| match (&p.shared, &shared) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (None, None) => true,
-            _ => false,
-        });
+        let same_lanes = previous.filter(|p| same_store(p.shared.as_ref(), shared.as_ref()));
         let lanes = Lanes::new(&config, shared.as_ref(), same_lanes.map(|p| &p.lanes));
         let tasks = previous.map(|p| p.tasks.clone()).unwrap_or_default();
         let pins = Pins::new(config.response_pin_ttl, shared.clone(), names.clone(), tasks.clone());
@@ -187,12 +192,7 @@ impl Gateway {
     /// config unchanged (same settings, same shared store).
     fn reusable(&self, config: &UpstreamConfig, shared: Option<&Arc<SharedState>>) -> Option<Arc<Upstream>> {
         let old = self.upstreams.iter().find(|u| u.config.name == config.name)?;
-        let same_store = match (&old.shared, shared) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (None, None) => true,
-            _ => false,
-        };
-        (old.config == *config && same_store).then(|| old.clone())
+        (old.config == *config && same_store(old.shared.as_ref(), shared)).then(|| old.clone())
     }
 
     /// The end of a shutdown: waits (up to `limit` in all) for the
@@ -343,11 +343,7 @@ impl Live {
                 report.removed.push(o.config.name.clone());
             }
         }
-        let new_store = match (&old.shared, &new.shared) {
-            (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
-            (None, Some(_)) => true,
-            _ => false,
-        };
+        let new_store = new.shared.is_some() && !same_store(old.shared.as_ref(), new.shared.as_ref());
         self.current.store(Arc::new(new));
         if new_store {
             self.stop_following();

@@ -269,9 +269,10 @@ impl Lane {
         tokens: u64,
         deadline: Instant,
     ) -> Result<Pass, GatewayError> {
-        self.penalised(Instant::now());
+        // `who` (built by `Lane::who`) already lifted a penalty that ran out.
         let started = Instant::now();
-        let mut permits = Vec::with_capacity(2);
+        // Empty (no allocation) for a key without limits: most keys.
+        let mut permits = Vec::new();
         let per_model = self.models.iter().find(|(r, _)| *r == route).map(|(_, l)| l);
         for limiter in per_model.into_iter().chain(&self.limiter) {
             match limiter.acquire(who, tokens, deadline).await {

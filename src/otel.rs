@@ -261,7 +261,8 @@ impl Exporter {
             KeyValue::new("tidegate.attempts", r.attempts.len() as i64),
             KeyValue::new("tidegate.queue_wait_ms", r.queue_wait.as_secs_f64() * 1000.0),
         ];
-        let attempts = ctx.attempts.lock().map(|a| a.clone()).unwrap_or_default();
+        // The request is over: its attempt times are taken, not copied.
+        let attempts = ctx.attempts.lock().map(|mut a| std::mem::take(&mut *a)).unwrap_or_default();
         if let Some(answered) = r.upstream {
             attrs.push(KeyValue::new("tidegate.upstream", answered.to_owned()));
         }

@@ -114,6 +114,9 @@ pub enum BuildError {
     /// Metrics could not be registered.
     #[error("metrics: {0}")]
     Metrics(String),
+    /// The OpenTelemetry exporter could not be built.
+    #[error("{0}")]
+    Otel(String),
     /// Key contains bytes that cannot go in a header.
     #[error("upstream {0}: api_key cannot be sent as a header")]
     Key(String),

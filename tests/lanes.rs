@@ -79,6 +79,21 @@ fn flood(
     })
 }
 
+/// One chat request as `key` for `model`, with an optional extra header.
+async fn send(
+    gw: &tidegate::server::Running,
+    key: &str,
+    model: &str,
+    header: Option<(&str, &str)>,
+) -> reqwest::Response {
+    let mut req =
+        client().post(url(gw, "/v1/chat/completions")).bearer_auth(key).body(format!(r#"{{"model":"{model}"}}"#));
+    if let Some((name, value)) = header {
+        req = req.header(name, value);
+    }
+    req.send().await.unwrap()
+}
+
 fn base(gw: &tidegate::server::Running) -> String {
     format!("http://{}", gw.addr)
 }
@@ -198,29 +213,14 @@ async fn a_full_lane_is_refused_with_retry_after_and_the_next_request_is_served(
     let ok = r.iter().filter(|(s, _)| *s == 200).count();
     let refused = r.iter().filter(|(s, _)| *s == 429).count();
     assert_eq!((ok, refused), (3, 3), "1 served + 2 waiting, the rest refused: {r:?}");
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .bearer_auth("k-small")
-        .body(r#"{"model":"lane-small"}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200, "the lane is free again");
+    assert_eq!(send(&gw, "k-small", "lane-small", None).await.status(), 200, "the lane is free again");
     // rpm 2 with a 2 s deadline: the third request could only start in
     // ~30 s; it is refused at once, saying when to come back.
     for _ in 0..2 {
-        let ok = client().post(url(&gw, "/v1/chat/completions")).bearer_auth("k-paced").body(r#"{"model":"lane-p"}"#);
-        assert_eq!(ok.send().await.unwrap().status(), 200);
+        assert_eq!(send(&gw, "k-paced", "lane-p", None).await.status(), 200);
     }
     let started = Instant::now();
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .bearer_auth("k-paced")
-        .header("x-tidegate-deadline", "2s")
-        .body(r#"{"model":"lane-p"}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp = send(&gw, "k-paced", "lane-p", Some(("x-tidegate-deadline", "2s"))).await;
     assert_eq!(resp.status(), 429);
     assert!(started.elapsed() < Duration::from_secs(1), "refused at once, not at the deadline");
     let retry_after: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
@@ -231,14 +231,7 @@ async fn a_full_lane_is_refused_with_retry_after_and_the_next_request_is_served(
     assert!(message.contains("client key paced") && message.contains("rpm 2"), "{message}");
     assert!(!message.contains("k-paced"), "the key itself never appears");
     // A priority that is not one is a clear 400.
-    let bad = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .bearer_auth("k-small")
-        .header("x-tidegate-priority", "urgent")
-        .body(r#"{"model":"lane-small"}"#)
-        .send()
-        .await
-        .unwrap();
+    let bad = send(&gw, "k-small", "lane-small", Some(("x-tidegate-priority", "urgent"))).await;
     assert_eq!(bad.status(), 400);
 }
 

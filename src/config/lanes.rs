@@ -179,15 +179,6 @@ pub fn anomaly_action(raw: Option<&RawAnomalyAction>, problems: &mut Vec<String>
     if priority.is_none() && raw.max_concurrent.is_none() {
         problems.push("anomaly_action: set priority, max_concurrent or both".into());
     }
-    let lasts = match raw.r#for.as_deref() {
-        None => Duration::from_secs(600),
-        Some(text) => match humantime::parse_duration(text) {
-            Ok(d) if !d.is_zero() => d,
-            _ => {
-                problems.push(format!("anomaly_action.for: {text:?} is not a duration like 10m"));
-                Duration::from_secs(600)
-            }
-        },
-    };
+    let lasts = super::validate::duration("anomaly_action.for", &raw.r#for, Duration::from_secs(600), problems);
     Some(AnomalyAction { priority, max_concurrent: raw.max_concurrent, lasts })
 }

@@ -204,6 +204,10 @@ pub struct RawClientKey {
 }
 
 /// Limits applied to every client key that does not set its own.
+///
+/// The same fields stand on [`RawClientKey`] and (the limits) on
+/// [`RawLaneLimits`]: serde's `flatten` cannot be combined with
+/// `deny_unknown_fields`, and a misspelt limit must stay an error.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawClientDefaults {

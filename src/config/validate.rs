@@ -27,7 +27,7 @@ const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Parses an optional duration field, pushing a problem when it is invalid.
-fn duration(path: &str, value: &Option<String>, default: Duration, problems: &mut Vec<String>) -> Duration {
+pub(super) fn duration(path: &str, value: &Option<String>, default: Duration, problems: &mut Vec<String>) -> Duration {
     match value {
         None => default,
         Some(text) => match humantime::parse_duration(text) {

@@ -131,6 +131,18 @@ def http(method, url, body=None, headers=None):
         return e.code, e.read()
 
 
+def shared_soon(port):
+    """Whether every upstream of the replica on `port` reports shared state
+    within 5 s (the connection to Redis is made lazily)."""
+    for _ in range(100):
+        status, body = http("GET", f"http://127.0.0.1:{port}/admin/upstreams", None,
+                            {"authorization": "Bearer adm-deploy"})
+        if status == 200 and all(u["shared"] for u in json.loads(body)["upstreams"]):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def run_as_written(binary):
     """The container's command and config on this machine."""
     if not shutil.which("redis-server"):
@@ -175,18 +187,7 @@ def run_as_written(binary):
                                 json.dumps({"model": "gpt-4o", "messages": []}).encode(),
                                 {"authorization": "Bearer client-deploy", "content-type": "application/json"})
             check(status == 200, f"replica {name}: a request through the deploy config ({status})")
-            status, body = http("GET", f"http://127.0.0.1:{port}/admin/upstreams", None,
-                                {"authorization": "Bearer adm-deploy"})
-            shared = all(u["shared"] for u in json.loads(body)["upstreams"]) if status == 200 else False
-            for _ in range(100):
-                if shared:
-                    break
-
-                time.sleep(0.05)
-                status, body = http("GET", f"http://127.0.0.1:{port}/admin/upstreams", None,
-                                    {"authorization": "Bearer adm-deploy"})
-                shared = status == 200 and all(u["shared"] for u in json.loads(body)["upstreams"])
-            check(shared, f"replica {name}: limits shared through Redis")
+            check(shared_soon(port), f"replica {name}: limits shared through Redis")
         name, port, p = replicas[0]
         p.send_signal(signal.SIGTERM)
         check(p.wait(timeout=40) == 0, f"replica {name}: SIGTERM (the container's stop signal) ends it cleanly")
