@@ -136,6 +136,20 @@ pub fn classify_transport(failure: &TransportFailure) -> Outcome {
     Outcome { class: Class::Transient, status: None, hints: Hints::default(), summary, rule: None, concurrency: false }
 }
 
+/// No credentials to send a request with (a cloud token that could not be
+/// had, a signature that could not be made): auth, so this upstream is
+/// left for the rest of the request and its breaker counts it.
+pub fn classify_credentials(detail: &str) -> Outcome {
+    Outcome {
+        class: Class::Auth,
+        status: None,
+        hints: Hints::default(),
+        summary: format!("credentials: {detail}"),
+        rule: None,
+        concurrency: false,
+    }
+}
+
 /// An answer that is no answer: a `1xx`, `204`/`205`, an HTML page or an
 /// unasked-for compression under 2xx. Transient: a wrong `base_url`, a
 /// captive portal or a misbehaving proxy may be gone on the next attempt

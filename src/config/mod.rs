@@ -7,6 +7,7 @@
 //! shows the whole list at once.
 
 mod env;
+pub mod kinds;
 pub mod lanes;
 pub mod raw;
 mod validate;
@@ -27,6 +28,7 @@ use crate::limits::LimitConfig;
 use crate::protocol::Family;
 use crate::retry::Policy;
 
+pub use kinds::{AzureConfig, BedrockConfig, GoogleAuth, UpstreamKind, VertexConfig};
 pub use lanes::{AnomalyAction, LaneConfig, LaneLimits};
 pub use validate::parse_size;
 
@@ -132,6 +134,8 @@ pub struct UpstreamConfig {
     pub name: String,
     /// Wire protocol it speaks.
     pub protocol: Family,
+    /// How it is reached (the provider's own API or a cloud's).
+    pub kind: UpstreamKind,
     /// Base URL (trailing `/` removed).
     pub base_url: url::Url,
     /// Provider key; may be empty.
@@ -277,7 +281,7 @@ impl Config {
                 return Err(ConfigError::Invalid(problems));
             }
         };
-        match validate::validate(raw, &mut problems) {
+        match validate::validate(raw, lookup, &mut problems) {
             Some(config) if problems.is_empty() => Ok(config),
             _ => Err(ConfigError::Invalid(problems)),
         }

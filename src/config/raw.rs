@@ -270,10 +270,48 @@ pub struct RawAnomalyAction {
 pub struct RawUpstream {
     /// Unique name used by model targets, logs and headers.
     pub name: String,
-    /// Wire protocol: `openai` or `anthropic`.
-    pub protocol: String,
-    /// Base URL as the provider's official SDK takes it.
-    pub base_url: String,
+    /// Wire protocol: `openai` or `anthropic` (implied by a cloud `kind`).
+    #[serde(default)]
+    pub protocol: Option<String>,
+    /// How it is reached: `anthropic`, `openai` (the default: the
+    /// protocol's own API), `bedrock`, `vertex` or `azure`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Base URL as the provider's official SDK takes it (cloud kinds
+    /// default to the provider's regional endpoint).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// Bedrock and Vertex: the cloud region.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Bedrock: access key id (default `AWS_ACCESS_KEY_ID`).
+    #[serde(default)]
+    pub aws_access_key_id: Option<String>,
+    /// Bedrock: secret access key (default `AWS_SECRET_ACCESS_KEY`).
+    #[serde(default)]
+    pub aws_secret_access_key: Option<String>,
+    /// Bedrock: session token of temporary credentials (default
+    /// `AWS_SESSION_TOKEN`).
+    #[serde(default)]
+    pub aws_session_token: Option<String>,
+    /// Vertex: Google Cloud project id.
+    #[serde(default)]
+    pub project: Option<String>,
+    /// Vertex: service-account key file (JSON).
+    #[serde(default)]
+    pub credentials_file: Option<String>,
+    /// Vertex: a command that prints an access token.
+    #[serde(default)]
+    pub token_command: Option<String>,
+    /// Vertex: how long a `token_command` token is used.
+    #[serde(default)]
+    pub token_command_ttl: Option<String>,
+    /// Azure: `api-version` (absent or `v1`: the v1 API).
+    #[serde(default)]
+    pub api_version: Option<String>,
+    /// Azure: the deployment (default: the target's model name).
+    #[serde(default)]
+    pub deployment: Option<String>,
     /// Provider key (use `${ENV_VAR}`); empty sends no auth header.
     #[serde(default)]
     pub api_key: String,

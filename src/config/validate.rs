@@ -43,7 +43,7 @@ pub(super) fn duration(path: &str, value: &Option<String>, default: Duration, pr
 /// Validates `raw`, pushing `path: problem` lines. Returns a config only
 /// when the structure was complete enough to build one; the caller still
 /// rejects it if any problem was pushed.
-pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
+pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problems: &mut Vec<String>) -> Option<Config> {
     let listen = match raw.listen.parse::<SocketAddr>() {
         Ok(addr) => Some(addr),
         Err(_) => {
@@ -93,7 +93,7 @@ pub fn validate(raw: RawConfig, problems: &mut Vec<String>) -> Option<Config> {
             problems
                 .push(format!("upstreams[{i}].name: {:?} must not start with client: (client lanes' names)", u.name));
         }
-        if let Some(up) = upstream(i, u, problems) {
+        if let Some(up) = upstream(i, u, lookup, problems) {
             upstreams.push(up);
         }
     }
@@ -240,22 +240,22 @@ fn client_keys(raw: &RawConfig, problems: &mut Vec<String>) -> Vec<ClientKey> {
     keys
 }
 
-fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<UpstreamConfig> {
+fn upstream(
+    i: usize,
+    u: &RawUpstream,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Vec<String>,
+) -> Option<UpstreamConfig> {
     let at = |field: &str| format!("upstreams[{i}].{field}");
     let mut ok = true;
     if u.name.trim().is_empty() {
         problems.push(format!("{}: must not be empty", at("name")));
         ok = false;
     }
-    let protocol = match u.protocol.as_str() {
-        "openai" => Some(Family::OpenAi),
-        "anthropic" => Some(Family::Anthropic),
-        other => {
-            problems.push(format!("{}: {other:?} is not one of openai, anthropic", at("protocol")));
-            None
-        }
-    };
-    let base_url = match url::Url::parse(&u.base_url) {
+    let reached = super::kinds::kind(i, u, lookup, problems);
+    let written = reached.as_ref().and_then(|(_, _, url)| url.clone()).unwrap_or_default();
+    let base_url = match url::Url::parse(&written) {
+        _ if reached.is_none() => None,
         Ok(url) if !url.username().is_empty() || url.password().is_some() => {
             problems.push(format!(
                 "{}: must not hold a user or password (put the key in api_key, other credentials in headers)",
@@ -272,7 +272,7 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
         }
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Some(trim_slash(url)),
         _ => {
-            problems.push(format!("{}: {:?} is not a URL (http:// or https://)", at("base_url"), u.base_url));
+            problems.push(format!("{}: {written:?} is not a URL (http:// or https://)", at("base_url")));
             None
         }
     };
@@ -350,9 +350,11 @@ fn upstream(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> Option<Ups
     if !ok {
         return None;
     }
+    let (protocol, kind, _) = reached?;
     Some(UpstreamConfig {
         name: u.name.clone(),
-        protocol: protocol?,
+        protocol,
+        kind,
         base_url: base_url?,
         api_key: Secret::new(u.api_key.clone()),
         headers,

@@ -190,7 +190,7 @@ async fn attempts(job: Job) -> Relayed {
     };
     let mut run = Run {
         job: &job,
-        targets: Targets::new(&job.gw, route, job.pin),
+        targets: Targets::new(&job.gw, route, job.endpoint, job.pin),
         started: Instant::now(),
         attempts: Vec::new(),
         queue_wait: Duration::ZERO,
@@ -469,7 +469,10 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &st
     let timeout = upstream.config.header_timeout.min(remaining);
     let rules = &upstream.config.rules;
     let now = jiff::Timestamp::now;
-    let mut req = upstream.request(job.endpoint, body, &job.client_headers);
+    let mut req = match upstream.request(job.endpoint, body, model, job.head.stream, &job.client_headers) {
+        Ok(req) => req,
+        Err(error) => return unsent(error),
+    };
     if let Some(trace) = &job.trace {
         // The upstream continues this attempt's span, not the client's.
         if let Some(parent) = trace.begin_attempt(model) {
@@ -482,9 +485,6 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &st
     }
     let resp = match sent {
         Ok(resp) => resp,
-        Err(SendError::Transport(detail)) => {
-            return Attempt::Failure(classify::classify_transport(&TransportFailure::Connection(detail)), None);
-        }
         Err(SendError::Timeout(after)) => {
             let failure = TransportFailure::Timeout(format!("no response headers within {after:?}"));
             let outcome = classify::classify_transport(&failure);
@@ -496,13 +496,15 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &st
                 Attempt::Failure(outcome, None)
             };
         }
+        Err(error) => return unsent(error),
     };
     let status = resp.status();
     if let Some(odd) = odd_answer(status, resp.headers()) {
         return Attempt::Failure(classify::classify_odd(status.as_u16(), &odd), None);
     }
     if !status.is_success() {
-        let (parts, bytes) = read_error(resp, remaining).await;
+        let (mut parts, bytes) = read_error(resp, remaining).await;
+        let bytes = upstream.error_body(&mut parts, bytes);
         let outcome = classify::classify(parts.status, &parts.headers, &bytes, rules, now());
         return Attempt::Failure(outcome, Some((parts, bytes)));
     }
@@ -560,6 +562,21 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &st
         Handshake::Deadline => {
             let failure = TransportFailure::Timeout("the stream sent no content before the deadline".into());
             Attempt::Ended(classify::classify_transport(&failure))
+        }
+    }
+}
+
+/// A request that never left: a transport failure (transient), or no
+/// credentials to send it with (auth: this upstream cannot take it now).
+fn unsent(error: SendError) -> Attempt {
+    match error {
+        SendError::Credentials(detail) => Attempt::Failure(classify::classify_credentials(&detail), None),
+        SendError::Transport(detail) => {
+            Attempt::Failure(classify::classify_transport(&TransportFailure::Connection(detail)), None)
+        }
+        SendError::Timeout(after) => {
+            let failure = TransportFailure::Timeout(format!("no response headers within {after:?}"));
+            Attempt::Failure(classify::classify_transport(&failure), None)
         }
     }
 }
@@ -647,7 +664,10 @@ fn is_sse(headers: &HeaderMap) -> bool {
 /// bigger one is passed on cut there, never emptied); a gzip-compressed
 /// one (a proxy that ignored `accept-encoding: identity`) is decompressed
 /// so it can be classified and read.
-async fn read_error(resp: http::Response<hyper::body::Incoming>, limit: Duration) -> (http::response::Parts, Bytes) {
+async fn read_error(
+    resp: http::Response<crate::upstream::UpstreamBody>,
+    limit: Duration,
+) -> (http::response::Parts, Bytes) {
     let (mut parts, mut incoming) = resp.into_parts();
     let mut kept = bytes::BytesMut::new();
     let read = async {

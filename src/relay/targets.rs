@@ -17,7 +17,7 @@ use crate::classify::Class;
 use crate::config::{ModelRoute, Strategy};
 use crate::gateway::Gateway;
 use crate::health::Availability;
-use crate::protocol;
+use crate::protocol::{self, Endpoint};
 
 /// What was tried on one target, for the final message.
 #[derive(Debug, Clone)]
@@ -57,15 +57,15 @@ pub struct Targets<'a> {
 }
 
 impl<'a> Targets<'a> {
-    /// The route's targets, none tried yet; with `pin`, only those on
-    /// that upstream (it stores the state the request continues).
-    pub fn new(gw: &'a Gateway, route: &'a ModelRoute, pin: Option<usize>) -> Self {
+    /// The route's targets that serve `endpoint`, none tried yet; with
+    /// `pin`, only those on that upstream (it stores the state the request
+    /// continues).
+    pub fn new(gw: &'a Gateway, route: &'a ModelRoute, endpoint: Endpoint, pin: Option<usize>) -> Self {
         let mut excluded = 0u64;
-        if let Some(pin) = pin {
-            for (i, t) in route.targets.iter().enumerate() {
-                if t.upstream != pin {
-                    excluded |= 1 << i;
-                }
+        for (i, t) in route.targets.iter().enumerate() {
+            let serves = gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
+            if !serves || pin.is_some_and(|pin| t.upstream != pin) {
+                excluded |= 1 << i;
             }
         }
         Self { gw, route, excluded, used: 0, tried: Vec::new() }

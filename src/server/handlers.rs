@@ -283,6 +283,17 @@ async fn prepare(
             )));
         }
     };
+    let serving = |t: &crate::config::Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
+    if !model.targets.iter().any(serving) {
+        let kinds: Vec<&str> =
+            model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
+        return Err(GatewayError::UnknownModel(format!(
+            "model {:?} has no target that serves {endpoint} (its upstreams are {}; bedrock and vertex serve \
+             /v1/messages only)",
+            head.model,
+            kinds.join(", ")
+        )));
+    }
     let deadline = deadline(model.deadline, &parts.headers)?;
     let pin = match &head.previous_response_id {
         Some(id) => pinned(gw, id, model).await?,

@@ -30,6 +30,10 @@ use serde::Deserialize;
 use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 
+mod clouds;
+
+pub use clouds::{AwsKey, Clouds, GoogleAccount};
+
 use crate::protocol::{self, Endpoint, Protocol};
 use crate::server::listen;
 
@@ -197,6 +201,8 @@ pub struct SimConfig {
     pub record: bool,
     /// Seed of the random faults (`fail_rate`).
     pub seed: u64,
+    /// Credentials the cloud endpoints (Bedrock, Vertex, Azure) insist on.
+    pub clouds: Clouds,
 }
 
 /// Named fault scenarios (`tidegate simulate --scenario NAME`, the demo,
@@ -288,6 +294,12 @@ pub struct SimState {
     /// refuses another account's id.
     stored: Mutex<std::collections::HashSet<String>>,
     next_response: AtomicUsize,
+    /// The Vertex service account tokens are issued to.
+    account: Option<clouds::Account>,
+    /// Access tokens issued, with their expiry.
+    tokens: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Tokens granted by `/token` so far.
+    pub token_grants: AtomicUsize,
 }
 
 impl SimState {
@@ -327,14 +339,22 @@ impl Simulator {
     pub fn start(addr: SocketAddr, config: SimConfig) -> std::io::Result<Simulator> {
         let listener = listen::bind(addr)?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(SimState { config, ..Default::default() });
+        let account = config.clouds.google.as_ref().map(clouds::Account::load).transpose()?;
+        let state = Arc::new(SimState { config, account, ..Default::default() });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
             .route("/v1/responses", post(responses))
             .route("/v1/embeddings", post(embeddings))
             .route("/v1/messages", post(messages))
             .route("/v1/messages/count_tokens", post(count_tokens))
-            .with_state(state.clone());
+            .route("/model/{model}/invoke", post(clouds::bedrock_invoke))
+            .route("/model/{model}/invoke-with-response-stream", post(clouds::bedrock_stream))
+            .route(
+                "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{action}",
+                post(clouds::vertex),
+            )
+            .route("/token", post(clouds::token));
+        let app = clouds::azure_routes(app).with_state(state.clone());
         let task = tokio::spawn(listen::serve(listener, app));
         Ok(Simulator { addr, state, task })
     }
@@ -344,7 +364,8 @@ impl Simulator {
         format!("http://{}/v1", self.addr)
     }
 
-    /// Base URL for an Anthropic upstream pointing here.
+    /// Base URL for an Anthropic upstream pointing here (also the base
+    /// URL of its Bedrock, Vertex and Azure endpoints).
     pub fn anthropic_url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -420,20 +441,33 @@ impl Drop for Flight {
 }
 
 async fn answer(state: Arc<SimState>, endpoint: Endpoint, req: Request) -> Response {
-    let protocol = endpoint.protocol();
-    let mut flight = Flight::new(state.clone());
+    let flight = Flight::new(state.clone());
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    if state.config.record {
-        if let Ok(mut r) = state.received.lock() {
-            r.push(Received {
-                path: parts.uri.path().to_owned(),
-                headers: parts.headers,
-                body: body.clone(),
-                at: tokio::time::Instant::now(),
-            });
+    state.record(&parts, &body);
+    serve(state, endpoint, flight, body).await
+}
+
+impl SimState {
+    /// Keeps a received request (with `record: true`).
+    fn record(&self, parts: &http::request::Parts, body: &Bytes) {
+        if self.config.record {
+            if let Ok(mut r) = self.received.lock() {
+                r.push(Received {
+                    path: parts.uri.path().to_owned(),
+                    headers: parts.headers.clone(),
+                    body: body.clone(),
+                    at: tokio::time::Instant::now(),
+                });
+            }
         }
     }
+}
+
+/// Answers a request body (in the protocol's own shape) to `endpoint`,
+/// following the behaviour configured for its model.
+async fn serve(state: Arc<SimState>, endpoint: Endpoint, mut flight: Flight, body: Bytes) -> Response {
+    let protocol = endpoint.protocol();
     let Ok(head) = protocol::peek(&body) else {
         flight.finish();
         return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(r#"{"error":{"message":"bad json"}}"#));

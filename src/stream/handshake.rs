@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
+use crate::upstream::UpstreamBody;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::PARTIAL_CAP;
@@ -24,7 +24,7 @@ pub enum Handshake {
     /// events to send first (keep-alives and the opening included).
     Open {
         /// The rest of the upstream body.
-        inner: Incoming,
+        inner: UpstreamBody,
         /// What was read so far.
         scanner: Scanner,
         /// Bytes ready to forward.
@@ -44,7 +44,7 @@ pub enum Handshake {
 /// `deadline` the whole handshake (comments and pings do not extend it),
 /// `max_event` the bytes of one unfinished event.
 pub async fn handshake(
-    mut inner: Incoming,
+    mut inner: UpstreamBody,
     protocol: Protocol,
     idle: Duration,
     deadline: Instant,

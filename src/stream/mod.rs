@@ -20,9 +20,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::upstream::UpstreamBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
@@ -42,7 +42,7 @@ pub const PARTIAL_CAP: usize = 64 * 1024;
 pub enum BodyError {
     /// The upstream connection failed mid-body.
     #[error("upstream body failed: {0}")]
-    Upstream(#[from] hyper::Error),
+    Upstream(#[from] crate::upstream::ReadError),
     /// No chunk within the idle limit.
     #[error("upstream sent nothing for {0:?}")]
     Idle(Duration),
@@ -50,7 +50,7 @@ pub enum BodyError {
 
 /// Upstream body on its way to the client.
 pub struct RelayBody {
-    inner: Option<Incoming>,
+    inner: Option<UpstreamBody>,
     idle: Duration,
     last_frame: Instant,
     /// Armed lazily: a body that is always ready never touches the timer.
@@ -87,7 +87,7 @@ pub struct RelayBody {
 
 impl RelayBody {
     /// A body passed through as is (JSON answers).
-    pub fn raw(inner: Incoming, idle: Duration, protocol: Protocol, upstream: (usize, &str)) -> Self {
+    pub fn raw(inner: UpstreamBody, idle: Duration, protocol: Protocol, upstream: (usize, &str)) -> Self {
         Self::new(inner, idle, None, 0, protocol, upstream)
     }
 
@@ -104,7 +104,7 @@ impl RelayBody {
     /// An SSE body continuing from a handshake: `scanner` holds what was
     /// read so far, `ready` bytes of which are complete events to send first.
     pub fn sse(
-        inner: Incoming,
+        inner: UpstreamBody,
         idle: Duration,
         scanner: Scanner,
         ready: usize,
@@ -138,7 +138,7 @@ impl RelayBody {
     }
 
     fn new(
-        inner: Incoming,
+        inner: UpstreamBody,
         idle: Duration,
         sse: Option<Scanner>,
         ready: usize,

@@ -16,8 +16,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::upstream::UpstreamBody;
 use bytes::Bytes;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::limits::Permit;
@@ -44,7 +44,7 @@ pub struct Resume {
 /// handshake read (the stream body drops the opening events from it).
 pub struct Reopened {
     /// The continuation's body after `first`.
-    pub inner: Incoming,
+    pub inner: UpstreamBody,
     /// Bytes read so far, opening events included.
     pub first: Bytes,
     /// The continuation's upstream slot, held to its last byte.

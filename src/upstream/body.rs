@@ -1,0 +1,66 @@
+//! The body of an upstream answer as the rest of tidegate reads it: the
+//! bytes the provider sent, or, for a Bedrock stream, its event-stream
+//! frames already turned into the SSE events the client's protocol uses.
+//!
+//! An enum rather than a boxed trait object: the common case (a plain
+//! body) stays a direct call on the hot path.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use super::eventstream::EventStreamSse;
+
+/// An upstream answer's body.
+pub enum UpstreamBody {
+    /// As the provider sent it.
+    Plain(Incoming),
+    /// AWS event-stream frames re-emitted as Anthropic SSE.
+    EventStream(Box<EventStreamSse>),
+}
+
+/// Why an upstream body could not be read further.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The connection failed mid-body.
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+    /// The body's framing was broken (a bad event-stream message).
+    #[error("{0}")]
+    Framing(String),
+}
+
+impl From<Incoming> for UpstreamBody {
+    fn from(inner: Incoming) -> Self {
+        UpstreamBody::Plain(inner)
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = ReadError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ReadError>>> {
+        match self.get_mut() {
+            UpstreamBody::Plain(inner) => Pin::new(inner).poll_frame(cx).map_err(ReadError::from),
+            UpstreamBody::EventStream(inner) => Pin::new(inner.as_mut()).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Plain(inner) => inner.is_end_stream(),
+            UpstreamBody::EventStream(inner) => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Plain(inner) => inner.size_hint(),
+            UpstreamBody::EventStream(_) => SizeHint::default(),
+        }
+    }
+}
