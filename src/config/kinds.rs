@@ -270,7 +270,7 @@ pub(super) fn kind(
             UpstreamKind::Azure(AzureConfig { api_version, deployment })
         }
         _ => {
-            if u.base_url.is_none() {
+            if u.base_url.is_none() && implied.is_some() {
                 problems.push(format!("{}: missing", at("base_url")));
             }
             UpstreamKind::Direct

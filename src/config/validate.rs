@@ -253,25 +253,27 @@ fn upstream(
         ok = false;
     }
     let reached = super::kinds::kind(i, u, lookup, problems);
-    let written = reached.as_ref().and_then(|(_, _, url)| url.clone()).unwrap_or_default();
-    let base_url = match url::Url::parse(&written) {
-        _ if reached.is_none() => None,
-        Ok(url) if !url.username().is_empty() || url.password().is_some() => {
+    // A missing base_url was reported by `kind` (cloud kinds have defaults).
+    let written = reached.as_ref().and_then(|(_, _, url)| url.clone()).or_else(|| u.base_url.clone());
+    let base_url = match written.as_deref().map(url::Url::parse) {
+        None => None,
+        Some(Ok(url)) if !url.username().is_empty() || url.password().is_some() => {
             problems.push(format!(
                 "{}: must not hold a user or password (put the key in api_key, other credentials in headers)",
                 at("base_url")
             ));
             None
         }
-        Ok(url) if url.query().is_some() || url.fragment().is_some() => {
+        Some(Ok(url)) if url.query().is_some() || url.fragment().is_some() => {
             problems.push(format!(
                 "{}: must not have a ?query or #fragment (tidegate appends the endpoint path, which would lose them)",
                 at("base_url")
             ));
             None
         }
-        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Some(trim_slash(url)),
-        _ => {
+        Some(Ok(url)) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Some(trim_slash(url)),
+        Some(_) => {
+            let written = written.unwrap_or_default();
             problems.push(format!("{}: {written:?} is not a URL (http:// or https://)", at("base_url")));
             None
         }

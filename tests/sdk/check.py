@@ -15,6 +15,8 @@ import tempfile
 import time
 import traceback
 
+import json
+
 import anthropic
 import openai
 
@@ -27,6 +29,14 @@ def main():
     binary = sys.argv[1]
     tmp = tempfile.mkdtemp(prefix="tidegate-sdk-")
     sim_port, gw_port = free_port(), free_port()
+    account = os.path.join(tmp, "vertex-sa.json")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "tests", "fixtures", "google-test-key.pem")) as f:
+        key = f.read()
+    with open(account, "w") as f:
+        json.dump({"type": "service_account", "project_id": "proj", "private_key": key,
+                   "client_email": "sdk@proj.iam.gserviceaccount.com",
+                   "token_uri": f"http://127.0.0.1:{sim_port}/token"}, f)
     config = os.path.join(tmp, "tidegate.yaml")
     with open(config, "w") as f:
         f.write(f"""
@@ -36,6 +46,11 @@ client_keys: [{{ name: sdk, key: {CLIENT_KEY} }}]
 upstreams:
   - {{ name: sim-openai, protocol: openai, base_url: "http://127.0.0.1:{sim_port}/v1", api_key: up }}
   - {{ name: sim-anthropic, protocol: anthropic, base_url: "http://127.0.0.1:{sim_port}", api_key: up }}
+  - {{ name: sim-bedrock, kind: bedrock, region: us-east-1, base_url: "http://127.0.0.1:{sim_port}",
+       aws_access_key_id: AKIDSDK, aws_secret_access_key: sdk-secret }}
+  - {{ name: sim-vertex, kind: vertex, region: us-east5, project: proj, base_url: "http://127.0.0.1:{sim_port}",
+       credentials_file: "{account}" }}
+  - {{ name: sim-azure, kind: azure, base_url: "http://127.0.0.1:{sim_port}", api_key: az-key, api_version: 2024-10-21 }}
 models:
   gpt: {{ targets: [{{ upstream: sim-openai, model: sim-gpt }}] }}
   claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
@@ -48,6 +63,9 @@ models:
   bad: {{ targets: [{{ upstream: sim-openai, model: sim-bad }}] }}
   drop-responses: {{ targets: [{{ upstream: sim-openai, model: sim-drop-responses }}] }}
   busy-once-js: {{ targets: [{{ upstream: sim-openai, model: sim-busy-once-js }}] }}
+  claude-bedrock: {{ targets: [{{ upstream: sim-anthropic, model: sim-overloaded }}, {{ upstream: sim-bedrock, model: "anthropic.sim-claude-v1:0" }}] }}
+  claude-vertex: {{ targets: [{{ upstream: sim-anthropic, model: sim-overloaded-2 }}, {{ upstream: sim-vertex, model: "sim-claude@20250101" }}] }}
+  gpt-azure: {{ targets: [{{ upstream: sim-openai, model: sim-down }}, {{ upstream: sim-azure, model: sim-azure-deployment }}] }}
 defaults:
   retry: {{ base_delay: 50ms, max_delay: 100ms }}
   stream_keepalive_after: 300ms
@@ -55,8 +73,16 @@ defaults:
 """)
     sim_config = os.path.join(tmp, "sim.yaml")
     with open(sim_config, "w") as f:
-        f.write("""
+        f.write(f"""
+clouds:
+  aws: {{ access_key_id: AKIDSDK, secret_access_key: sdk-secret, region: us-east-1 }}
+  google: {{ credentials_file: "{account}" }}
+  azure_key: az-key
+""" + """
 models:
+  sim-overloaded: { status: 529, error_body: '{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}' }
+  sim-overloaded-2: { status: 529, error_body: '{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}' }
+  sim-down: { status: 503, error_body: '{"error":{"message":"The server is overloaded","type":"server_error"}}' }
   sim-drop: { drop_after: 3 }
   sim-drop-claude: { drop_after: 4 }
   sim-drop-responses: { drop_after: 6 }
@@ -128,7 +154,8 @@ def run_checks(base):
 
     def openai_models():
         ids = [m.id for m in oa.models.list()]
-        assert ids == ["gpt", "busy", "drop", "slow", "busy-once", "bad", "drop-responses", "busy-once-js"], ids
+        assert ids == ["gpt", "busy", "drop", "slow", "busy-once", "bad", "drop-responses", "busy-once-js",
+                       "gpt-azure"], ids
 
     def openai_typed_errors():
         try:
@@ -263,14 +290,37 @@ def run_checks(base):
 
     def anthropic_models():
         ids = [m.id for m in an.models.list()]
-        assert ids == ["claude", "drop-claude", "slow-claude"], ids
+        assert ids == ["claude", "drop-claude", "slow-claude", "claude-bedrock", "claude-vertex"], ids
+
+    def anthropic_fails_over_to(alias, model):
+        # The first target answers 529; the same request goes to the cloud.
+        r = an.messages.create(model=alias, max_tokens=32, messages=msgs)
+        assert r.model == model and r.content[0].text == "tok0 tok1 tok2 tok3 tok4 ", r
+        with an.messages.stream(model=alias, max_tokens=32, messages=msgs) as s:
+            text = "".join(s.text_stream)
+            final = s.get_final_message()
+        assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
+        assert final.stop_reason == "end_turn" and final.model == model, final
+
+    def anthropic_via_bedrock():
+        anthropic_fails_over_to("claude-bedrock", "anthropic.sim-claude-v1:0")
+
+    def anthropic_via_vertex():
+        anthropic_fails_over_to("claude-vertex", "sim-claude@20250101")
+
+    def openai_via_azure():
+        r = oa.chat.completions.create(model="gpt-azure", messages=msgs)
+        assert r.model == "sim-azure-deployment", r.model
+        text = openai_text(oa.chat.completions.create(model="gpt-azure", messages=msgs, stream=True))
+        assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
 
     checks = [openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_gives_up_once_not_twice,
               openai_mid_stream_failure_raises, openai_keepalive_comments_parse,
               responses_non_stream, responses_stream, responses_capacity_absorbed, responses_typed_errors,
               responses_mid_stream_failure_raises,
               anthropic_non_stream, anthropic_stream, anthropic_typed_errors, anthropic_models,
-              anthropic_mid_stream_failure_raises, anthropic_keepalive_comments_parse]
+              anthropic_mid_stream_failure_raises, anthropic_keepalive_comments_parse,
+              anthropic_via_bedrock, anthropic_via_vertex, openai_via_azure]
     passed = failed = 0
     for check in checks:
         try:
