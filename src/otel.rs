@@ -133,10 +133,10 @@ impl TraceCtx {
 
     /// The attempt begun last has its answer (or its failure).
     pub fn end_attempt(&self) {
-        if let Ok(mut attempts) = self.attempts.lock() {
-            if let Some(last) = attempts.last_mut() {
-                last.end.get_or_insert_with(SystemTime::now);
-            }
+        if let Ok(mut attempts) = self.attempts.lock()
+            && let Some(last) = attempts.last_mut()
+        {
+            last.end.get_or_insert_with(SystemTime::now);
         }
     }
 }

@@ -228,11 +228,11 @@ impl Report {
         }
         self.log_line(outcome, sink.as_ref().is_some_and(|s| s.journal.is_some()));
         // Last: the journal's record takes the strings the report owns.
-        if let Some(sink) = &sink {
-            if let Some(journal) = &sink.journal {
-                let record = self.record(outcome, sink);
-                journal.record(record);
-            }
+        if let Some(sink) = &sink
+            && let Some(journal) = &sink.journal
+        {
+            let record = self.record(outcome, sink);
+            journal.record(record);
         }
     }
 

@@ -31,10 +31,10 @@ async fn start(sim: &Simulator, grace: &str) -> Process {
         )
     });
     for _ in 0..200 {
-        if let Ok(r) = client().get(format!("{}/healthz", gw.base())).send().await {
-            if r.status() == 200 {
-                return gw;
-            }
+        if let Ok(r) = client().get(format!("{}/healthz", gw.base())).send().await
+            && r.status() == 200
+        {
+            return gw;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

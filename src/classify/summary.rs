@@ -13,10 +13,10 @@ pub fn summarize(body: &[u8]) -> String {
     if trimmed.is_empty() {
         return "(empty body)".into();
     }
-    if let Ok(v) = serde_json::from_str::<Value>(trimmed) {
-        if let Some(line) = from_json(&v) {
-            return clip(&line);
-        }
+    if let Ok(v) = serde_json::from_str::<Value>(trimmed)
+        && let Some(line) = from_json(&v)
+    {
+        return clip(&line);
     }
     if let Some(title) = html_title(trimmed) {
         return clip(&title);

@@ -66,18 +66,19 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
     }
 
     let client_keys = client_keys(&raw, problems);
-    if let Some(admin) = raw.admin_key.as_deref().filter(|k| !k.is_empty()) {
-        if raw.client_keys.iter().any(|k| k.key == admin) {
-            problems.push("admin_key: must differ from every client key (a client could read the journal)".into());
-        }
+    if let Some(admin) = raw.admin_key.as_deref().filter(|k| !k.is_empty())
+        && raw.client_keys.iter().any(|k| k.key == admin)
+    {
+        problems.push("admin_key: must differ from every client key (a client could read the journal)".into());
     }
-    if let Some(addr) = listen {
-        if client_keys.is_empty() && !addr.ip().is_loopback() {
-            problems.push(format!(
-                "client_keys: none configured while listen {addr} is not a loopback address; \
+    if let Some(addr) = listen
+        && client_keys.is_empty()
+        && !addr.ip().is_loopback()
+    {
+        problems.push(format!(
+            "client_keys: none configured while listen {addr} is not a loopback address; \
                  add client_keys or listen on 127.0.0.1"
-            ));
-        }
+        ));
     }
 
     if raw.upstreams.is_empty() {

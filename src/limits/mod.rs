@@ -154,13 +154,14 @@ impl Permit {
             let delta = used_tokens as i64 - self.tokens as i64;
             tpm.adjust(delta, Instant::now());
             self.tokens = used_tokens;
-            if let (Some(shared), Some(limit)) = (&self.limiter.shared, self.limiter.config.tpm) {
-                if delta != 0 && shared.state.is_up() {
-                    let (state, upstream) = (shared.state.clone(), shared.upstream.clone());
-                    self.limiter.tasks.spawn(async move {
-                        state.adjust(&upstream, Bucket::Tpm, delta, limit, MINUTE).await;
-                    });
-                }
+            if let (Some(shared), Some(limit)) = (&self.limiter.shared, self.limiter.config.tpm)
+                && delta != 0
+                && shared.state.is_up()
+            {
+                let (state, upstream) = (shared.state.clone(), shared.upstream.clone());
+                self.limiter.tasks.spawn(async move {
+                    state.adjust(&upstream, Bucket::Tpm, delta, limit, MINUTE).await;
+                });
             }
         }
     }
@@ -228,10 +229,10 @@ impl Limiter {
     /// is reachable).
     pub fn effective_limit(&self) -> u32 {
         let mut eff = self.effective.lock().map_or(self.cap(), |e| *e);
-        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up()) {
-            if let Some(limit) = shared.limit.lock().ok().and_then(|l| *l) {
-                eff = limit;
-            }
+        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up())
+            && let Some(limit) = shared.limit.lock().ok().and_then(|l| *l)
+        {
+            eff = limit;
         }
         let limit = (eff.floor() as u32).max(1);
         match self.ceiling.load(Ordering::Acquire) {
@@ -332,10 +333,10 @@ impl Limiter {
             let Ok(mut q) = self.queue.lock() else {
                 return Err(Refused::QueueFull { queued: 0, retry_after: Duration::from_secs(1) });
             };
-            if q.fair.is_empty() {
-                if let Some(lease) = self.slots.try_take(self.effective_limit()) {
-                    return Ok(Permit { limiter: self.clone(), lease: Some(lease), shared: None, tokens });
-                }
+            if q.fair.is_empty()
+                && let Some(lease) = self.slots.try_take(self.effective_limit())
+            {
+                return Ok(Permit { limiter: self.clone(), lease: Some(lease), shared: None, tokens });
             }
             if q.fair.len() >= self.config.max_queue {
                 return Err(Refused::QueueFull { queued: q.fair.len(), retry_after: q.retry_after() });
@@ -405,18 +406,18 @@ impl Limiter {
                 });
             }
         }
-        if let Ok(mut eff) = self.effective.lock() {
-            if *eff < self.cap() {
-                *eff = (*eff + 1.0 / *eff).min(self.cap());
-            }
+        if let Ok(mut eff) = self.effective.lock()
+            && *eff < self.cap()
+        {
+            *eff = (*eff + 1.0 / *eff).min(self.cap());
         }
     }
 
     fn set_shared_limit(&self, limit: f64) {
-        if let Some(shared) = &self.shared {
-            if let Ok(mut l) = shared.limit.lock() {
-                *l = Some(limit);
-            }
+        if let Some(shared) = &self.shared
+            && let Ok(mut l) = shared.limit.lock()
+        {
+            *l = Some(limit);
         }
     }
 

@@ -175,11 +175,9 @@ pub(super) fn give_up(
             false
         }
     };
-    if verbatim {
-        if let Some((mut parts, body)) = answer {
-            strip_hop_by_hop(&mut parts.headers);
-            return Answer::Verbatim { parts, body, class: outcome.class };
-        }
+    if verbatim && let Some((mut parts, body)) = answer {
+        strip_hop_by_hop(&mut parts.headers);
+        return Answer::Verbatim { parts, body, class: outcome.class };
     }
     Answer::Gateway(tidegate_answer(ctx, why, outcome))
 }

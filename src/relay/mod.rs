@@ -365,10 +365,11 @@ impl Run<'_> {
         self.attempts.push(AttemptLog::ok(index));
         match &mut answer {
             Answer::Stream(_, body) => {
-                if self.job.endpoint == Endpoint::Responses && self.job.head.store != Some(false) {
-                    if let Some(id) = body.response_id() {
-                        self.job.gw.pins.remember(id, index);
-                    }
+                if self.job.endpoint == Endpoint::Responses
+                    && self.job.head.store != Some(false)
+                    && let Some(id) = body.response_id()
+                {
+                    self.job.gw.pins.remember(id, index);
                 }
                 body.hold(permit);
             }
@@ -386,11 +387,12 @@ impl Run<'_> {
         let upstream = &gw.upstreams[index];
         let now = Instant::now();
         upstream.health.on_failure(outcome.class, outcome.hints.retry_after, now);
-        if let (Some(shared), Some((kind, left))) = (&upstream.shared, upstream.health.announcement(now)) {
-            if shared.is_up() && left >= Duration::from_millis(500) {
-                let (shared, name) = (shared.clone(), upstream.config.name.clone());
-                gw.tasks.spawn(async move { shared.announce(&name, kind, left).await });
-            }
+        if let (Some(shared), Some((kind, left))) = (&upstream.shared, upstream.health.announcement(now))
+            && shared.is_up()
+            && left >= Duration::from_millis(500)
+        {
+            let (shared, name) = (shared.clone(), upstream.config.name.clone());
+            gw.tasks.spawn(async move { shared.announce(&name, kind, left).await });
         }
         if outcome.class == Class::Capacity && outcome.concurrency {
             upstream.limiter.on_concurrency_error(held);

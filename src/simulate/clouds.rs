@@ -148,11 +148,11 @@ async fn bedrock(
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     state.record(&parts, &body);
-    if let Some(key) = &state.config.clouds.aws {
-        if let Err(refusal) = verify_sigv4(&parts, &body, key) {
-            flight.finish();
-            return refusal;
-        }
+    if let Some(key) = &state.config.clouds.aws
+        && let Some(refusal) = refuse_sigv4(&parts, &body, key)
+    {
+        flight.finish();
+        return refusal;
     }
     let envelope: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let problem = if envelope.get("model").is_some() {
@@ -185,8 +185,12 @@ async fn bedrock(
 
 /// Re-signs the request as received with the known key and compares: a
 /// wrong secret, key id, region or a changed byte are all refused as AWS
-/// refuses them.
-fn verify_sigv4(parts: &http::request::Parts, body: &Bytes, key: &AwsKey) -> Result<(), Response> {
+/// refuses them (`None`: the signature is good).
+fn refuse_sigv4(parts: &http::request::Parts, body: &Bytes, key: &AwsKey) -> Option<Response> {
+    verify_sigv4(parts, body, key).err().map(|boxed| *boxed)
+}
+
+fn verify_sigv4(parts: &http::request::Parts, body: &Bytes, key: &AwsKey) -> Result<(), Box<Response>> {
     let text = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let authorization = text("authorization");
     let invalid = || {
@@ -198,11 +202,11 @@ fn verify_sigv4(parts: &http::request::Parts, body: &Bytes, key: &AwsKey) -> Res
         )
     };
     let Some(rest) = authorization.strip_prefix("AWS4-HMAC-SHA256 ") else {
-        return Err(aws_error(
+        return Err(Box::new(aws_error(
             StatusCode::FORBIDDEN,
             "MissingAuthenticationTokenException",
             "Missing Authentication Token",
-        ));
+        )));
     };
     let field = |name: &str| {
         rest.split(", ").find_map(|part| part.strip_prefix(name).and_then(|p| p.strip_prefix('='))).unwrap_or_default()
@@ -210,19 +214,19 @@ fn verify_sigv4(parts: &http::request::Parts, body: &Bytes, key: &AwsKey) -> Res
     let credential = field("Credential");
     let mut scope = credential.split('/');
     if scope.next() != Some(key.access_key_id.as_str()) {
-        return Err(aws_error(
+        return Err(Box::new(aws_error(
             StatusCode::FORBIDDEN,
             "UnrecognizedClientException",
             "The security token included in the request is invalid.",
-        ));
+        )));
     }
     if scope.nth(1) != Some(key.region.as_str()) {
-        return Err(invalid());
+        return Err(Box::new(invalid()));
     }
     let Ok(at) = jiff::civil::DateTime::strptime("%Y%m%dT%H%M%SZ", text("x-amz-date"))
         .and_then(|dt| jiff::tz::TimeZone::UTC.to_timestamp(dt))
     else {
-        return Err(invalid());
+        return Err(Box::new(invalid()));
     };
     let signed: Vec<String> = field("SignedHeaders")
         .split(';')
@@ -233,24 +237,25 @@ fn verify_sigv4(parts: &http::request::Parts, body: &Bytes, key: &AwsKey) -> Res
     let mut again = http::Request::new(Full::new(body.clone()));
     *again.method_mut() = parts.method.clone();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let Ok(uri) = format!("http://{host}{path}").parse() else { return Err(invalid()) };
+    let Ok(uri) = format!("http://{host}{path}").parse() else { return Err(Box::new(invalid())) };
     *again.uri_mut() = uri;
     for name in &signed {
-        if let Some(v) = parts.headers.get(name.as_str()) {
-            if let Ok(n) = http::HeaderName::try_from(name.as_str()) {
-                again.headers_mut().insert(n, v.clone());
-            }
+        if let Some(v) = parts.headers.get(name.as_str())
+            && let Ok(n) = http::HeaderName::try_from(name.as_str())
+        {
+            again.headers_mut().insert(n, v.clone());
         }
     }
     let token = parts.headers.get("x-amz-security-token").and_then(|v| v.to_str().ok());
     let identity = bedrock::identity(&key.access_key_id, &key.secret_access_key, token);
     let names: Vec<&str> = signed.iter().map(String::as_str).collect();
     let time = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(at.as_second()).unwrap_or(0));
-    bedrock::sign_request(&mut again, body, &names, &identity, &key.region, "bedrock", time).map_err(|_| invalid())?;
+    bedrock::sign_request(&mut again, body, &names, &identity, &key.region, "bedrock", time)
+        .map_err(|_| Box::new(invalid()))?;
     if again.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some(authorization.as_str()) {
         Ok(())
     } else {
-        Err(invalid())
+        Err(Box::new(invalid()))
     }
 }
 
@@ -424,16 +429,16 @@ pub(super) async fn azure(
         let body = serde_json::json!({ "error": { "code": code, "message": message } }).to_string();
         respond(status, "application/json", Body::from(body))
     };
-    if let Some(key) = &state.config.clouds.azure_key {
-        if parts.headers.get("api-key").map(|v| v.as_bytes()) != Some(key.as_bytes()) {
-            flight.finish();
-            return refuse(
-                StatusCode::UNAUTHORIZED,
-                "401",
-                "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid \
+    if let Some(key) = &state.config.clouds.azure_key
+        && parts.headers.get("api-key").map(|v| v.as_bytes()) != Some(key.as_bytes())
+    {
+        flight.finish();
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "401",
+            "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid \
                  key for an active subscription and use a correct regional API endpoint for your resource.",
-            );
-        }
+        );
     }
     let body = match deployment {
         Some(deployment) => {

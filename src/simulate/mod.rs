@@ -430,10 +430,10 @@ impl Flight {
 impl Drop for Flight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
-        if let (Some(model), Ok(mut per_model)) = (self.model.take(), self.state.per_model.lock()) {
-            if let Some((now, _)) = per_model.get_mut(&model) {
-                *now = now.saturating_sub(1);
-            }
+        if let (Some(model), Ok(mut per_model)) = (self.model.take(), self.state.per_model.lock())
+            && let Some((now, _)) = per_model.get_mut(&model)
+        {
+            *now = now.saturating_sub(1);
         }
         let counter = if self.done { &self.state.completed } else { &self.state.cancelled };
         counter.fetch_add(1, Ordering::SeqCst);
@@ -451,15 +451,15 @@ async fn answer(state: Arc<SimState>, endpoint: Endpoint, req: Request) -> Respo
 impl SimState {
     /// Keeps a received request (with `record: true`).
     fn record(&self, parts: &http::request::Parts, body: &Bytes) {
-        if self.config.record {
-            if let Ok(mut r) = self.received.lock() {
-                r.push(Received {
-                    path: parts.uri.path().to_owned(),
-                    headers: parts.headers.clone(),
-                    body: body.clone(),
-                    at: tokio::time::Instant::now(),
-                });
-            }
+        if self.config.record
+            && let Ok(mut r) = self.received.lock()
+        {
+            r.push(Received {
+                path: parts.uri.path().to_owned(),
+                headers: parts.headers.clone(),
+                body: body.clone(),
+                at: tokio::time::Instant::now(),
+            });
         }
     }
 }

@@ -308,11 +308,11 @@ impl RelayBody {
         self.permit = None;
         if let Some(mut report) = self.report.take() {
             report.usage = usage;
-            if let Some(sse) = &mut self.sse {
-                if outcome == Outcome::Incomplete {
-                    report.partial = Some(std::mem::take(&mut sse.seen.text));
-                    report.class = Some(Class::Transient);
-                }
+            if let Some(sse) = &mut self.sse
+                && outcome == Outcome::Incomplete
+            {
+                report.partial = Some(std::mem::take(&mut sse.seen.text));
+                report.class = Some(Class::Transient);
             }
             report.error = error.or(report.error.take());
             report.finish(outcome);
@@ -320,10 +320,10 @@ impl RelayBody {
     }
 
     fn first_byte(&mut self) {
-        if let Some(r) = &mut self.report {
-            if r.ttfb.is_none() {
-                r.ttfb = Some(r.started.elapsed());
-            }
+        if let Some(r) = &mut self.report
+            && r.ttfb.is_none()
+        {
+            r.ttfb = Some(r.started.elapsed());
         }
     }
 

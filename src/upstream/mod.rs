@@ -264,11 +264,11 @@ impl Upstream {
             Reach::Direct => (self.uri(endpoint).or_else(|| self.uris.iter().flatten().next()).cloned(), body),
             Reach::Azure(azure) => (self.cloud_uri(&azure.path(endpoint, model))?, body),
             Reach::Bedrock(_) => {
-                let wrapped = bedrock::body(&body, client).ok_or_else(|| unwrappable())?;
+                let wrapped = bedrock::body(&body, client).ok_or_else(unwrappable)?;
                 (self.cloud_uri(&bedrock::Bedrock::path(model, stream))?, wrapped)
             }
             Reach::Vertex(vertex) => {
-                let wrapped = vertex::body(&body).ok_or_else(|| unwrappable())?;
+                let wrapped = vertex::body(&body).ok_or_else(unwrappable)?;
                 (self.cloud_uri(&vertex.path(model, stream))?, wrapped)
             }
         };

@@ -88,10 +88,10 @@ impl Vertex {
             }
             Tokens::Command { command, ttl, cached } => {
                 let mut cached = cached.lock().await;
-                if let Some((token, at)) = cached.as_ref() {
-                    if at.elapsed() < *ttl {
-                        return Ok(token.clone());
-                    }
+                if let Some((token, at)) = cached.as_ref()
+                    && at.elapsed() < *ttl
+                {
+                    return Ok(token.clone());
                 }
                 let token = run(command).await?;
                 *cached = Some((token.clone(), Instant::now()));
