@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import run  # noqa: E402  (helpers: start, stop, wait_port, write, cpu_seconds, TMP)
 
 REPS = int(os.environ.get("REPS", 5))
-N = int(os.environ.get("N", 100))
+N = int(os.environ.get("N", 500))
 SIM, GW = 19200, 19201
 CHUNKS = 200
 
