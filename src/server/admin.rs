@@ -156,6 +156,7 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
             json!({
                 "name": u.config.name,
                 "protocol": u.config.protocol.to_string(),
+                "kind": u.kind_name(),
                 "health": {"state": health.state, "for_ms": health.for_ms, "failure_streak": health.streak},
                 "in_flight": limits.in_flight,
                 "queued": limits.queued,

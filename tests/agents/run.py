@@ -5,7 +5,9 @@ Claude Code (`claude -p`, Anthropic messages), against
 name is "429 model concurrency limit exceeded" without Retry-After.
 
 Checks: Codex pointed straight at the simulator gives up (the incident
-tidegate exists for); Codex and Claude Code pointed at tidegate finish.
+tidegate exists for); Codex and Claude Code pointed at tidegate finish;
+Claude Code finishes through a tidegate whose Claude models are served by
+a (simulated) Amazon Bedrock upstream.
 The agents come from npm (`@openai/codex`, `@anthropic-ai/claude-code`,
 installed once under target/agents); the README's Codex provider block is
 read from the README itself, so the documented setup is what runs.
@@ -66,7 +68,7 @@ def main():
     binary = os.path.abspath(sys.argv[1])
     codex, claude = install()
     tmp = tempfile.mkdtemp(prefix="tidegate-agents-")
-    sim_port, gw_port = free_port(), free_port()
+    sim_port, gw_port, cloud_port = free_port(), free_port(), free_port()
     logs = open(os.path.join(tmp, "log.txt"), "w")
     env = dict(os.environ, TRY_SIM=f"127.0.0.1:{sim_port}", TRY_LISTEN=f"127.0.0.1:{gw_port}",
                TRY_JOURNAL=os.path.join(tmp, "try.db"))
@@ -74,10 +76,22 @@ def main():
                            stdout=logs, stderr=logs)
     gw = subprocess.Popen([binary, "serve", "--config", os.path.join(ROOT, "examples", "try.yaml")],
                           env=env, stdout=logs, stderr=logs, cwd=tmp)
+    cloud_config = os.path.join(tmp, "bedrock.yaml")
+    with open(cloud_config, "w") as f:
+        f.write(f"""listen: 127.0.0.1:{cloud_port}
+journal: "off"
+upstreams:
+  - {{ name: bedrock, kind: bedrock, region: us-east-1, base_url: "http://127.0.0.1:{sim_port}",
+       aws_access_key_id: AKIDAGENTS, aws_secret_access_key: agents-secret }}
+models:
+  "claude-*": {{ targets: [{{ upstream: bedrock }}] }}
+""")
+    cloud = subprocess.Popen([binary, "serve", "--config", cloud_config], stdout=logs, stderr=logs, cwd=tmp)
     results = []
     try:
         wait_port(sim_port, sim, "simulator")
         wait_healthy(f"http://127.0.0.1:{gw_port}/healthz", gw, "tidegate")
+        wait_healthy(f"http://127.0.0.1:{cloud_port}/healthz", cloud, "tidegate (bedrock)")
 
         def agent_env(name):
             home = tempfile.mkdtemp(prefix=f"{name}-", dir=tmp)
@@ -104,8 +118,13 @@ def main():
         e.update({k: v.replace("127.0.0.1:8787", f"127.0.0.1:{gw_port}") for k, v in claude_env().items()})
         rc, out = run([claude, "-p", "say hi"], e)
         results.append(("claude -p through tidegate finishes", rc == 0 and "tok0" in out, out))
+
+        e = agent_env("claude-bedrock")
+        e.update({k: v.replace("127.0.0.1:8787", f"127.0.0.1:{cloud_port}") for k, v in claude_env().items()})
+        rc, out = run([claude, "-p", "say hi"], e)
+        results.append(("claude -p through tidegate to a Bedrock upstream finishes", rc == 0 and "tok0" in out, out))
     finally:
-        for p in (gw, sim):
+        for p in (cloud, gw, sim):
             p.terminate()
             p.wait(timeout=10)
     failed = 0
