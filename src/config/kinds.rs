@@ -230,7 +230,7 @@ pub(super) fn kind(
             if u.project.is_none() {
                 problems.push(format!("{}: missing (the Google Cloud project id)", at("project")));
             }
-            let ttl = super::validate::duration(
+            let ttl = super::fields::duration(
                 &at("token_command_ttl"),
                 &u.token_command_ttl,
                 DEFAULT_TOKEN_COMMAND_TTL,

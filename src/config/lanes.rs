@@ -179,6 +179,6 @@ pub fn anomaly_action(raw: Option<&RawAnomalyAction>, problems: &mut Vec<String>
     if priority.is_none() && raw.max_concurrent.is_none() {
         problems.push("anomaly_action: set priority, max_concurrent or both".into());
     }
-    let lasts = super::validate::duration("anomaly_action.for", &raw.r#for, Duration::from_secs(600), problems);
+    let lasts = super::fields::duration("anomaly_action.for", &raw.r#for, Duration::from_secs(600), problems);
     Some(AnomalyAction { priority, max_concurrent: raw.max_concurrent, lasts })
 }

@@ -7,6 +7,7 @@
 //! shows the whole list at once.
 
 mod env;
+mod fields;
 pub mod kinds;
 pub mod lanes;
 pub mod raw;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use indexmap::IndexMap;
 
+use super::fields::duration;
 use super::lanes::{self, LaneConfig};
 use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
 use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Strategy, Target, UpstreamConfig};
@@ -25,20 +26,6 @@ const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(600);
 /// Anthropic pings every ~15 s; a minute of silence means a dead stream.
 const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
-
-/// Parses an optional duration field, pushing a problem when it is invalid.
-pub(super) fn duration(path: &str, value: &Option<String>, default: Duration, problems: &mut Vec<String>) -> Duration {
-    match value {
-        None => default,
-        Some(text) => match humantime::parse_duration(text) {
-            Ok(d) if !d.is_zero() => d,
-            _ => {
-                problems.push(format!("{path}: {text:?} is not a duration like 10s or 500ms"));
-                default
-            }
-        },
-    }
-}
 
 /// Validates `raw`, pushing `path: problem` lines. Returns a config only
 /// when the structure was complete enough to build one; the caller still

@@ -23,10 +23,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{Bytes, BytesMut};
 use http::{StatusCode, header};
 use http_body::Frame;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use serde::Deserialize;
 
-use super::{Flight, SimState, respond, serve};
+use super::{SimState, arrive, respond, serve};
 use crate::protocol::Endpoint;
 use crate::upstream::{bedrock, eventstream, vertex};
 
@@ -144,10 +144,7 @@ async fn bedrock(
     stream: bool,
     req: Request,
 ) -> Response {
-    let flight = Flight::new(state.clone());
-    let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    state.record(&parts, &body);
+    let (flight, parts, body) = arrive(&state, req).await;
     if let Some(key) = &state.config.clouds.aws
         && let Some(refusal) = refuse_sigv4(&parts, &body, key)
     {
@@ -328,10 +325,7 @@ pub(super) async fn vertex(
     Path((_project, _region, action)): Path<(String, String, String)>,
     req: Request,
 ) -> Response {
-    let flight = Flight::new(state.clone());
-    let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    state.record(&parts, &body);
+    let (flight, parts, body) = arrive(&state, req).await;
     if state.config.clouds.google.is_some() {
         let bearer = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
         let token = bearer.strip_prefix("Bearer ").unwrap_or_default();
@@ -421,10 +415,7 @@ pub(super) async fn azure(
     deployment: Option<String>,
     req: Request,
 ) -> Response {
-    let flight = Flight::new(state.clone());
-    let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    state.record(&parts, &body);
+    let (flight, parts, body) = arrive(&state, req).await;
     let refuse = |status: StatusCode, code: &str, message: &str| {
         let body = serde_json::json!({ "error": { "code": code, "message": message } }).to_string();
         respond(status, "application/json", Body::from(body))

@@ -441,11 +441,17 @@ impl Drop for Flight {
 }
 
 async fn answer(state: Arc<SimState>, endpoint: Endpoint, req: Request) -> Response {
+    let (flight, _, body) = arrive(&state, req).await;
+    serve(state, endpoint, flight, body).await
+}
+
+/// A request arrives: counted in flight, read whole, recorded.
+async fn arrive(state: &Arc<SimState>, req: Request) -> (Flight, http::request::Parts, Bytes) {
     let flight = Flight::new(state.clone());
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     state.record(&parts, &body);
-    serve(state, endpoint, flight, body).await
+    (flight, parts, body)
 }
 
 impl SimState {

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::ReadError;
 use super::eventstream::EventStreamSse;
 
 /// An upstream answer's body.
@@ -20,17 +21,6 @@ pub enum UpstreamBody {
     Plain(Incoming),
     /// AWS event-stream frames re-emitted as Anthropic SSE.
     EventStream(Box<EventStreamSse>),
-}
-
-/// Why an upstream body could not be read further.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    /// The connection failed mid-body.
-    #[error(transparent)]
-    Http(#[from] hyper::Error),
-    /// The body's framing was broken (a bad event-stream message).
-    #[error("{0}")]
-    Framing(String),
 }
 
 impl From<Incoming> for UpstreamBody {

@@ -22,7 +22,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
 use hyper::body::Incoming;
 
-use super::body::ReadError;
+use super::ReadError;
 
 /// Content type of an event-stream answer.
 pub const CONTENT_TYPE: &str = "application/vnd.amazon.eventstream";

@@ -32,7 +32,7 @@ use crate::health::Health;
 use crate::limits::Limiter;
 use crate::protocol::{Endpoint, Family};
 use crate::retry::RetryBudget;
-pub use body::{ReadError, UpstreamBody};
+pub use body::UpstreamBody;
 
 /// Upstream read buffer. hyper's default adaptive buffer starts at 8 KiB
 /// per connection; LLM answers arrive as small SSE events or one modest
@@ -129,6 +129,17 @@ pub enum SendError {
     /// could not be had, a signature that could not be made).
     #[error("{0}")]
     Credentials(String),
+}
+
+/// Why an upstream body could not be read further.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The connection failed mid-body.
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+    /// The body's framing was broken (a bad event-stream message).
+    #[error("{0}")]
+    Framing(String),
 }
 
 /// Why an upstream could not be set up.
