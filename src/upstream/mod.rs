@@ -341,7 +341,10 @@ impl Upstream {
     ) -> Result<Response<UpstreamBody>, SendError> {
         let started = tokio::time::Instant::now();
         if let Reach::Vertex(vertex) = &self.reach {
-            let token = tokio::time::timeout(timeout, vertex.token())
+            // Boxed: the token future (with gcp_auth's provider discovery)
+            // is kilobytes, and inline it would grow every request's
+            // future, Vertex or not.
+            let token = tokio::time::timeout(timeout, Box::pin(vertex.token()))
                 .await
                 .map_err(|_| SendError::Timeout(timeout))?
                 .map_err(SendError::Credentials)?;
