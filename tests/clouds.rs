@@ -93,6 +93,10 @@ async fn messages(gw: &tidegate::server::Running, model: &str, stream: bool) -> 
         .unwrap()
 }
 
+async fn post_json(gw: &tidegate::server::Running, path: &str, body: serde_json::Value) -> reqwest::Response {
+    client().post(url(gw, path)).json(&body).send().await.unwrap()
+}
+
 fn concat(frames: Vec<bytes::Bytes>) -> String {
     frames.iter().map(|f| String::from_utf8_lossy(f).into_owned()).collect()
 }
@@ -302,12 +306,12 @@ async fn an_openai_alias_fails_over_to_an_azure_deployment_honouring_its_headers
     );
     let models = "  gpt:\n    targets: [{ upstream: openai, model: gpt-direct }, { upstream: azure-prod, model: gpt-4o-prod }]\n  filtered:\n    targets: [{ upstream: azure-prod, model: filtered-dep }]";
     let gw = gateway(&clouds_yaml(&sim, dir.path(), AWS_SECRET, "", models)).await;
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .json(&serde_json::json!({"model": "gpt", "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(
+        &gw,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "gpt", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-tidegate-upstream"], "azure-prod");
     let v: serde_json::Value = resp.json().await.unwrap();
@@ -324,12 +328,12 @@ async fn an_openai_alias_fails_over_to_an_azure_deployment_honouring_its_headers
 
     // The content filter is the request's fault: returned as is, once.
     let before = sim.state.received().len();
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .json(&serde_json::json!({"model": "filtered", "messages": [{"role": "user", "content": "x"}]}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(
+        &gw,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "filtered", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
     assert_eq!(resp.status(), 400);
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "content_filter");
@@ -349,22 +353,22 @@ async fn azure_v1_and_endpoints_a_cloud_does_not_serve() {
     )
     .replace(", api_version: 2024-10-21", "");
     let gw = gateway(&text).await;
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .json(&serde_json::json!({"model": "gpt", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(
+        &gw,
+        "/v1/chat/completions",
+        serde_json::json!({"model": "gpt", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     assert!(resp.text().await.unwrap().ends_with("data: [DONE]\n\n"));
     assert_eq!(sim.state.received()[0].path, "/openai/v1/chat/completions");
     // Bedrock serves messages only: count_tokens is refused with why.
-    let resp = client()
-        .post(url(&gw, "/v1/messages/count_tokens"))
-        .json(&serde_json::json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(
+        &gw,
+        "/v1/messages/count_tokens",
+        serde_json::json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
     assert_eq!(resp.status(), 404);
     let v: serde_json::Value = resp.json().await.unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("no target that serves"), "{v}");

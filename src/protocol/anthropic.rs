@@ -19,6 +19,7 @@ pub fn error_body(kind: ErrorKind, message: &str) -> Bytes {
     let kind = match kind {
         ErrorKind::InvalidRequest => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
+        ErrorKind::Permission => "permission_error",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::TooLarge => "request_too_large",
         ErrorKind::RateLimit => "rate_limit_error",

@@ -332,6 +332,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// Missing or wrong client key.
     Authentication,
+    /// The key is valid but may not do this (a cloud's access denial).
+    Permission,
     /// Unknown model or path.
     NotFound,
     /// Body over the size limit.

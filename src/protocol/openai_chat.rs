@@ -26,6 +26,7 @@ pub fn error_object(kind: ErrorKind, message: &str, code: Option<&str>) -> serde
     let kind = match kind {
         ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
+        ErrorKind::Permission => "permission_error",
         ErrorKind::RateLimit => "rate_limit_error",
         ErrorKind::Api | ErrorKind::Overloaded => "api_error",
         ErrorKind::Timeout => "timeout_error",

@@ -40,6 +40,7 @@ fn code(kind: ErrorKind) -> &'static str {
         ErrorKind::Api | ErrorKind::Timeout => "server_error",
         ErrorKind::InvalidRequest | ErrorKind::TooLarge => "invalid_request_error",
         ErrorKind::Authentication => "invalid_api_key",
+        ErrorKind::Permission => "permission_denied",
         ErrorKind::NotFound => "not_found",
     }
 }

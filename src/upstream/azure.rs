@@ -8,12 +8,11 @@
 //! shape already; `retry-after-ms` and `x-ratelimit-*` are read like
 //! OpenAI's, and the content-filter refusal is a `400`, a request error.
 
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::utf8_percent_encode;
 
+use super::PATH_LABEL;
 use crate::config::AzureConfig;
 use crate::protocol::Endpoint;
-
-const LABEL: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 /// An Azure upstream's URL scheme.
 pub struct Azure {
@@ -39,7 +38,10 @@ impl Azure {
             Some(version) if endpoint == Endpoint::Responses => format!("/openai{tail}?api-version={version}"),
             Some(version) => {
                 let deployment = self.config.deployment.as_deref().unwrap_or(model);
-                format!("/openai/deployments/{}{tail}?api-version={version}", utf8_percent_encode(deployment, LABEL))
+                format!(
+                    "/openai/deployments/{}{tail}?api-version={version}",
+                    utf8_percent_encode(deployment, PATH_LABEL)
+                )
             }
         }
     }

@@ -19,19 +19,17 @@ use aws_smithy_runtime_api::client::identity::Identity;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body_util::Full;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::utf8_percent_encode;
 
+use super::PATH_LABEL;
 use crate::config::BedrockConfig;
+use crate::protocol::ErrorKind;
 
 /// `anthropic_version` Bedrock requires in the body.
 pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
 
 /// SigV4 service name of `bedrock-runtime`.
 const SERVICE: &str = "bedrock";
-
-/// Characters a path label keeps as they are (RFC 3986 unreserved), as
-/// AWS SDKs encode a model id or ARN (`:` → `%3A`, `/` → `%2F`).
-const LABEL: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 /// A Bedrock upstream's region and credentials.
 pub struct Bedrock {
@@ -56,7 +54,7 @@ impl Bedrock {
     /// The path for `model` (a model id, inference profile or ARN).
     pub fn path(model: &str, stream: bool) -> String {
         let verb = if stream { "invoke-with-response-stream" } else { "invoke" };
-        format!("/model/{}/{verb}", utf8_percent_encode(model, LABEL))
+        format!("/model/{}/{verb}", utf8_percent_encode(model, PATH_LABEL))
     }
 
     /// Signs `req` (whose body is `body`) as of `time`.
@@ -127,33 +125,29 @@ pub fn body(original: &[u8], client: &HeaderMap) -> Option<Bytes> {
     super::rewrap(original, &["model", "stream"], &add)
 }
 
-/// The Anthropic error type of a Bedrock exception, by its name
+/// The error kind of a Bedrock exception, by its name
 /// (`ThrottlingException` or `throttlingException` in streams).
-fn anthropic_type(exception: &str) -> &'static str {
+fn kind_of(exception: &str) -> ErrorKind {
     let name = exception.to_ascii_lowercase();
     match name.trim_end_matches("exception") {
-        "throttling" | "servicequotaexceeded" | "toomanyrequests" => "rate_limit_error",
-        "serviceunavailable" | "modelnotready" => "overloaded_error",
-        "validation" => "invalid_request_error",
-        "accessdenied" => "permission_error",
+        "throttling" | "servicequotaexceeded" | "toomanyrequests" => ErrorKind::RateLimit,
+        "serviceunavailable" | "modelnotready" => ErrorKind::Overloaded,
+        "validation" => ErrorKind::InvalidRequest,
+        "accessdenied" => ErrorKind::Permission,
         "unrecognizedclient"
         | "invalidsignature"
         | "expiredtoken"
         | "incompletesignature"
-        | "missingauthenticationtoken" => "authentication_error",
-        "resourcenotfound" => "not_found_error",
-        _ => "api_error",
+        | "missingauthenticationtoken" => ErrorKind::Authentication,
+        "resourcenotfound" => ErrorKind::NotFound,
+        _ => ErrorKind::Api,
     }
 }
 
-/// An Anthropic error body for a Bedrock exception; the message keeps the
+/// The Anthropic error for a Bedrock exception; the message keeps the
 /// exception's name (`ThrottlingException: Too many requests…`).
-pub fn anthropic_error(exception: &str, message: &str) -> String {
-    serde_json::json!({
-        "type": "error",
-        "error": { "type": anthropic_type(exception), "message": format!("{exception}: {message}") }
-    })
-    .to_string()
+pub fn anthropic_error(exception: &str, message: &str) -> Bytes {
+    super::anthropic_error(kind_of(exception), exception, message)
 }
 
 /// An HTTP error answer from Bedrock as the Anthropic error it stands for
@@ -176,7 +170,7 @@ pub fn error_body(headers: &HeaderMap, body: &[u8]) -> Option<Bytes> {
         .map(str::to_owned)
         .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned());
     let exception = named.filter(|n| !n.is_empty()).unwrap_or_else(|| "BedrockError".into());
-    Some(Bytes::from(anthropic_error(&exception, &message)))
+    Some(anthropic_error(&exception, &message))
 }
 
 #[cfg(test)]
@@ -325,7 +319,8 @@ mod tests {
             ("InvalidSignatureException", "authentication_error"),
             ("ModelStreamErrorException", "api_error"),
         ] {
-            assert!(anthropic_error(name, "x").contains(&format!(r#""type":"{kind}""#)), "{name}");
+            let body = String::from_utf8_lossy(&anthropic_error(name, "x")).into_owned();
+            assert!(body.contains(&format!(r#""type":"{kind}""#)), "{name}");
         }
         assert!(error_body(&HeaderMap::new(), br#"{"type":"error","error":{"type":"x"}}"#).is_none());
     }

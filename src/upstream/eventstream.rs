@@ -199,7 +199,7 @@ fn message_of(payload: &[u8]) -> String {
 fn write_error(kind: &str, message: &str, out: &mut BytesMut) {
     let error = super::bedrock::anthropic_error(kind, message);
     out.extend_from_slice(b"event: error\ndata: ");
-    out.extend_from_slice(error.as_bytes());
+    out.extend_from_slice(&error);
     out.extend_from_slice(b"\n\n");
 }
 

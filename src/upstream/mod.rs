@@ -83,6 +83,18 @@ fn forwarded(name: &HeaderName, client: &HeaderMap) -> bool {
         .any(|token| token.trim().eq_ignore_ascii_case(name))
 }
 
+/// Characters a URL path segment built from a name (a model id, ARN or
+/// deployment) keeps as they are: RFC 3986's unreserved ones.
+const PATH_LABEL: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// A cloud's error as the Anthropic error of the same meaning (the
+/// protocol's own error body), its message keeping the cloud's name for
+/// it (`ThrottlingException: …`, `RESOURCE_EXHAUSTED: …`).
+fn anthropic_error(kind: crate::protocol::ErrorKind, name: &str, message: &str) -> Bytes {
+    crate::protocol::anthropic::error_body(kind, &format!("{name}: {message}"))
+}
+
 /// Marks a request that already passed through a tidegate.
 pub const HOP_HEADER: &str = "x-tidegate-hop";
 
@@ -284,7 +296,9 @@ impl Upstream {
             }
         };
         let cloud = matches!(self.reach, Reach::Bedrock(_) | Reach::Vertex(_));
-        let mut req = Request::new(Full::new(body.clone()));
+        // Only a signature needs the body again after it is handed over.
+        let to_sign = matches!(self.reach, Reach::Bedrock(_)).then(|| body.clone());
+        let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
         if let Some(uri) = uri {
             *req.uri_mut() = uri;
@@ -315,7 +329,7 @@ impl Upstream {
         }
         // Tells a tidegate behind this one that we do the retrying.
         headers.insert(HOP_HEADER, HeaderValue::from_static("1"));
-        if let Reach::Bedrock(aws) = &self.reach {
+        if let (Reach::Bedrock(aws), Some(body)) = (&self.reach, to_sign) {
             let accept = if stream { eventstream::CONTENT_TYPE } else { "application/json" };
             req.headers_mut().insert(header::ACCEPT, HeaderValue::from_static(accept));
             // The signed host is the one sent.
@@ -339,8 +353,9 @@ impl Upstream {
         mut req: Request<Full<Bytes>>,
         timeout: Duration,
     ) -> Result<Response<UpstreamBody>, SendError> {
-        let started = tokio::time::Instant::now();
+        let mut left = timeout;
         if let Reach::Vertex(vertex) = &self.reach {
+            let started = tokio::time::Instant::now();
             // Boxed: the token future (with gcp_auth's provider discovery)
             // is kilobytes, and inline it would grow every request's
             // future, Vertex or not.
@@ -352,19 +367,21 @@ impl Upstream {
                 .map_err(|_| SendError::Credentials("the access token cannot be sent as a header".into()))?;
             value.set_sensitive(true);
             req.headers_mut().insert(header::AUTHORIZATION, value);
+            left = timeout.saturating_sub(started.elapsed());
         }
-        let left = timeout.saturating_sub(started.elapsed());
         let resp = match tokio::time::timeout(left, self.client.request(req)).await {
             Err(_) => return Err(SendError::Timeout(timeout)),
             Ok(Err(err)) => return Err(SendError::Transport(describe(&err))),
             Ok(Ok(resp)) => resp,
         };
         let (mut parts, incoming) = resp.into_parts();
-        let framed = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(eventstream::CONTENT_TYPE.as_bytes()));
-        let body = if matches!(self.reach, Reach::Bedrock(_)) && parts.status.is_success() && framed {
+        let framed = matches!(self.reach, Reach::Bedrock(_))
+            && parts.status.is_success()
+            && parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(eventstream::CONTENT_TYPE.as_bytes()));
+        let body = if framed {
             parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
             UpstreamBody::EventStream(Box::new(eventstream::EventStreamSse::new(incoming)))
         } else {

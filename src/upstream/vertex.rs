@@ -19,6 +19,7 @@ use tokio::sync::{Mutex, OnceCell};
 use tokio::time::Instant;
 
 use crate::config::{GoogleAuth, VertexConfig};
+use crate::protocol::ErrorKind;
 
 /// `anthropic_version` Vertex requires in the body.
 pub const ANTHROPIC_VERSION: &str = "vertex-2023-10-16";
@@ -127,23 +128,24 @@ pub fn body(original: &[u8]) -> Option<Bytes> {
     super::rewrap(original, &["model"], &[("anthropic_version", version.as_str())])
 }
 
-/// The Anthropic error type of a Google RPC status.
-fn anthropic_type(status: &str, code: u64) -> &'static str {
+/// The error kind of a Google RPC status (or, for a status it does not
+/// name, of its HTTP code).
+fn kind_of(status: &str, code: u64) -> ErrorKind {
     match status {
-        "RESOURCE_EXHAUSTED" => "rate_limit_error",
-        "UNAVAILABLE" => "overloaded_error",
-        "PERMISSION_DENIED" => "permission_error",
-        "UNAUTHENTICATED" => "authentication_error",
-        "INVALID_ARGUMENT" | "FAILED_PRECONDITION" | "OUT_OF_RANGE" => "invalid_request_error",
-        "NOT_FOUND" => "not_found_error",
+        "RESOURCE_EXHAUSTED" => ErrorKind::RateLimit,
+        "UNAVAILABLE" => ErrorKind::Overloaded,
+        "PERMISSION_DENIED" => ErrorKind::Permission,
+        "UNAUTHENTICATED" => ErrorKind::Authentication,
+        "INVALID_ARGUMENT" | "FAILED_PRECONDITION" | "OUT_OF_RANGE" => ErrorKind::InvalidRequest,
+        "NOT_FOUND" => ErrorKind::NotFound,
         _ => match code {
-            429 => "rate_limit_error",
-            503 | 529 => "overloaded_error",
-            401 => "authentication_error",
-            403 => "permission_error",
-            400 => "invalid_request_error",
-            404 => "not_found_error",
-            _ => "api_error",
+            429 => ErrorKind::RateLimit,
+            503 | 529 => ErrorKind::Overloaded,
+            401 => ErrorKind::Authentication,
+            403 => ErrorKind::Permission,
+            400 => ErrorKind::InvalidRequest,
+            404 => ErrorKind::NotFound,
+            _ => ErrorKind::Api,
         },
     }
 }
@@ -158,11 +160,7 @@ pub fn error_body(body: &[u8]) -> Option<Bytes> {
     let status = error.get("status").and_then(|s| s.as_str())?;
     let code = error.get("code").and_then(|c| c.as_u64()).unwrap_or(0);
     let message = error.get("message").and_then(|m| m.as_str()).unwrap_or_default();
-    let converted = serde_json::json!({
-        "type": "error",
-        "error": { "type": anthropic_type(status, code), "message": format!("{status}: {message}") }
-    });
-    Some(Bytes::from(converted.to_string()))
+    Some(super::anthropic_error(kind_of(status, code), status, message))
 }
 
 #[cfg(test)]
