@@ -28,6 +28,8 @@ BODY = '{"model":"bench","messages":[{"role":"user","content":"hello"}]}'
 SSE = '{"model":"bench","stream":true,"messages":[{"role":"user","content":"hello"}]}'
 SLOW = '{"model":"slow","messages":[{"role":"user","content":"hello"}]}'
 UPSTREAM_BIN = os.path.abspath("target/release/examples/upstream")
+BARE_BIN = os.path.abspath("target/release/examples/bare_proxy")
+BARE = 19102
 
 
 def cpu_per_request(pid, port):
@@ -57,12 +59,22 @@ def main():
     if os.environ.get("BASELINE_BIN"):
         columns.append(("baseline defaults", os.path.abspath(os.environ["BASELINE_BIN"]), [], {}, ""))
     procs, targets, pids = [], {"direct": UP, "nginx": NGINX}, {}
+    only = os.environ.get("ONLY")  # e.g. ONLY=defaults: skip the extra columns
+    if only:
+        columns = [c for c in columns if c[0] in only.split(",")]
     try:
         procs.append(run.start([UPSTREAM_BIN, f"127.0.0.1:{UP}"], 1, log="upstream.log"))
         run.wait_port(UP)
         nginx = run.start(["nginx", "-c", nginx_cfg, "-g", "daemon off;"], 0, log="nginx-core.log")
         procs.append(nginx)
         run.wait_port(NGINX)
+        # The floor under tidegate: the same stack (tokio current-thread,
+        # hyper server, hyper-util's pooled client) forwarding and nothing else.
+        bare = run.start([BARE_BIN, f"127.0.0.1:{BARE}", f"127.0.0.1:{UP}"], 0, log="bare.log")
+        procs.append(bare)
+        run.wait_port(BARE)
+        targets["bare hyper proxy"] = BARE
+        pids["bare hyper proxy"] = bare.pid
         for i, (name, binary, args, env, extra) in enumerate(columns):
             port = GW + i
             cwd = os.path.join(run.TMP, f"col{i}")

@@ -10,21 +10,20 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
-use super::ReadError;
 use super::eventstream::EventStreamSse;
+use super::{PooledBody, ReadError};
 
 /// An upstream answer's body.
 pub enum UpstreamBody {
     /// As the provider sent it.
-    Plain(Incoming),
+    Plain(PooledBody),
     /// AWS event-stream frames re-emitted as Anthropic SSE.
     EventStream(Box<EventStreamSse>),
 }
 
-impl From<Incoming> for UpstreamBody {
-    fn from(inner: Incoming) -> Self {
+impl From<PooledBody> for UpstreamBody {
+    fn from(inner: PooledBody) -> Self {
         UpstreamBody::Plain(inner)
     }
 }

@@ -20,9 +20,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
-use hyper::body::Incoming;
 
-use super::ReadError;
+use super::{PooledBody, ReadError};
 
 /// Content type of an event-stream answer.
 pub const CONTENT_TYPE: &str = "application/vnd.amazon.eventstream";
@@ -71,14 +70,14 @@ impl Translator {
 
 /// A Bedrock stream body, re-emitted as Anthropic SSE.
 pub struct EventStreamSse {
-    inner: Incoming,
+    inner: PooledBody,
     translator: Translator,
     ended: bool,
 }
 
 impl EventStreamSse {
     /// Wraps the body of an `invoke-with-response-stream` answer.
-    pub fn new(inner: Incoming) -> Self {
+    pub fn new(inner: PooledBody) -> Self {
         Self { inner, translator: Translator::default(), ended: false }
     }
 }

@@ -13,6 +13,7 @@ mod azure;
 pub mod bedrock;
 mod body;
 pub mod eventstream;
+mod pool;
 pub mod vertex;
 
 use std::sync::Arc;
@@ -22,10 +23,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::{UpstreamConfig, UpstreamKind};
 use crate::health::Health;
@@ -33,14 +31,13 @@ use crate::limits::Limiter;
 use crate::protocol::{Endpoint, Family};
 use crate::retry::RetryBudget;
 pub use body::UpstreamBody;
+pub use pool::PooledBody;
 
 /// Upstream read buffer. hyper's default adaptive buffer starts at 8 KiB
 /// per connection; LLM answers arrive as small SSE events or one modest
 /// JSON document, so a smaller fixed buffer saves memory under thousands of
 /// concurrent requests at no measurable throughput cost (see bench/).
 const READ_BUF: usize = 2048;
-
-type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Client headers that never go upstream; every other header does, so the
 /// correlation headers agents send (`session-id`, `x-codex-*`,
@@ -110,7 +107,7 @@ pub struct Upstream {
     pub health: Health,
     /// Shared state, when replicas share limits and health.
     pub shared: Option<Arc<crate::shared::SharedState>>,
-    client: HttpClient,
+    pool: Arc<pool::Pool>,
     /// One URL per endpoint this upstream's family serves (direct kind).
     uris: [Option<Uri>; Endpoint::ALL.len()],
     /// `base_url` without its trailing `/` (cloud kinds build their URLs
@@ -221,12 +218,7 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(if config.connection_close { 0 } else { usize::MAX })
-            .http1_read_buf_exact_size(READ_BUF)
-            .build(https);
+        let pool = pool::Pool::new(https, READ_BUF, !config.connection_close);
         Ok(Self {
             limiter: match &shared {
                 Some(state) => Limiter::shared(config.limits.clone(), state.clone(), &config.name),
@@ -237,7 +229,7 @@ impl Upstream {
             budget,
             base: base.to_owned(),
             config,
-            client,
+            pool,
             uris,
             auth,
             reach,
@@ -369,9 +361,9 @@ impl Upstream {
             req.headers_mut().insert(header::AUTHORIZATION, value);
             left = timeout.saturating_sub(started.elapsed());
         }
-        let resp = match tokio::time::timeout(left, self.client.request(req)).await {
+        let resp = match tokio::time::timeout(left, self.pool.send(req)).await {
             Err(_) => return Err(SendError::Timeout(timeout)),
-            Ok(Err(err)) => return Err(SendError::Transport(describe(&err))),
+            Ok(Err(err)) => return Err(SendError::Transport(err)),
             Ok(Ok(resp)) => resp,
         };
         let (mut parts, incoming) = resp.into_parts();

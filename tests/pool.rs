@@ -1,0 +1,208 @@
+//! Upstream connection reuse (`upstream/pool.rs`): connections are reused,
+//! never while an answer is half-read, and a connection the upstream
+//! closed costs the client nothing. The upstream here is a small hyper
+//! server in this file that counts the connections it accepts.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{client, gateway, url};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+const ANSWER: &str = r#"{"id":"c1","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
+
+/// How the test upstream treats its connections.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Keep-alive, as most providers.
+    KeepAlive,
+    /// `Connection: close` after every answer.
+    CloseEach,
+    /// Keep-alive, but an idle connection is closed after 100 ms without a
+    /// word (like a server with a short keep-alive timeout).
+    IdleClose,
+}
+
+struct Upstream {
+    addr: std::net::SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// A body `"stream":true` gets one SSE event at once and the rest after
+/// 3 s (a client can hang up in between); any other body gets [`ANSWER`],
+/// whose content says how many requests this connection served before.
+async fn answer(req: Request<Incoming>, on_conn: usize) -> Result<Response<Body>, Infallible> {
+    let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    if body.windows(13).any(|w| w == b"\"stream\":true") {
+        let first = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"first\"}}]}\n\n",
+        )))]);
+        let later = futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")))
+        });
+        use futures_util::StreamExt;
+        let body = BodyExt::boxed(StreamBody::new(first.chain(later)));
+        return Ok(Response::builder().header("content-type", "text/event-stream").body(body).unwrap());
+    }
+    let text = ANSWER.replace("\"ok\"", &format!("\"served {on_conn} before\""));
+    Ok(Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(text)).boxed())
+        .unwrap())
+}
+
+async fn upstream(mode: Mode) -> Upstream {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let requests = Arc::new(AtomicUsize::new(0));
+    let (a, r) = (accepted.clone(), requests.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            a.fetch_add(1, Ordering::SeqCst);
+            let r = r.clone();
+            tokio::spawn(async move {
+                let on_conn = Arc::new(AtomicUsize::new(0));
+                let service = hyper::service::service_fn(move |req| {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    answer(req, on_conn.fetch_add(1, Ordering::SeqCst))
+                });
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                match mode {
+                    Mode::KeepAlive => {}
+                    Mode::CloseEach => {
+                        builder.keep_alive(false);
+                    }
+                    Mode::IdleClose => {
+                        builder.timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(100));
+                    }
+                }
+                let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
+    Upstream { addr, accepted, requests }
+}
+
+fn config(up: &Upstream) -> String {
+    format!(
+        "listen: 127.0.0.1:0\njournal: \"off\"\ndefaults:\n  retry: {{ base_delay: 10ms, max_delay: 50ms }}\n  \
+         stream_keepalive_after: \"off\"\nupstreams:\n  - {{ name: up, protocol: openai, base_url: \"http://{}/v1\" }}\n\
+         models:\n  m: {{ targets: [{{ upstream: up }}] }}\n",
+        up.addr
+    )
+}
+
+async fn ask(gw: &tidegate::server::Running, body: &str) -> (u16, String, String) {
+    let resp = client().post(url(gw, "/v1/chat/completions")).body(body.to_string()).send().await.unwrap();
+    let attempts = resp.headers()["x-tidegate-attempts"].to_str().unwrap().to_string();
+    (resp.status().as_u16(), attempts, resp.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn sequential_requests_share_one_connection_and_a_burst_opens_no_more_than_it_needs() {
+    let up = upstream(Mode::KeepAlive).await;
+    let gw = gateway(&config(&up)).await;
+    for i in 0..20 {
+        let (status, _, text) = ask(&gw, r#"{"model":"m"}"#).await;
+        assert_eq!(status, 200);
+        assert!(text.contains(&format!("served {i} before")), "request {i} not on the first connection: {text}");
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
+    for _ in 0..3 {
+        let burst: Vec<_> = (0..8).map(|_| ask(&gw, r#"{"model":"m"}"#)).collect();
+        for (status, _, _) in futures_util::future::join_all(burst).await {
+            assert_eq!(status, 200);
+        }
+    }
+    let opened = up.accepted.load(Ordering::SeqCst);
+    assert!(opened <= 8, "44 requests, at most 8 at once, opened {opened} connections");
+    assert_eq!(up.requests.load(Ordering::SeqCst), 44);
+}
+
+#[tokio::test]
+async fn an_upstream_that_closes_each_connection_costs_no_attempt() {
+    let up = upstream(Mode::CloseEach).await;
+    let gw = gateway(&config(&up)).await;
+    for _ in 0..6 {
+        let (status, attempts, text) = ask(&gw, r#"{"model":"m"}"#).await;
+        assert_eq!((status, attempts.as_str()), (200, "1"), "{text}");
+        // A closed connection is never written to again.
+        assert!(text.contains("served 0 before"), "{text}");
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 6);
+    assert_eq!(up.requests.load(Ordering::SeqCst), 6);
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_dropped_while_idle_is_not_used() {
+    let up = upstream(Mode::IdleClose).await;
+    let gw = gateway(&config(&up)).await;
+    for _ in 0..4 {
+        let (status, attempts, _) = ask(&gw, r#"{"model":"m"}"#).await;
+        assert_eq!((status, attempts.as_str()), (200, "1"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 4, "each request after 300 ms idle needs a new connection");
+    assert_eq!(up.requests.load(Ordering::SeqCst), 4, "no request was sent on a dropped connection");
+}
+
+#[tokio::test]
+async fn an_answer_left_half_read_never_lends_its_connection() {
+    let up = upstream(Mode::KeepAlive).await;
+    let gw = gateway(&config(&up)).await;
+    // The client hangs up after the first event; the upstream still has
+    // the rest of that answer to send on its connection.
+    let mut resp =
+        client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"m","stream":true}"#).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("first"));
+    drop(resp);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, attempts, text) = ask(&gw, r#"{"model":"m"}"#).await;
+    assert_eq!((status, attempts.as_str()), (200, "1"));
+    assert!(text.contains("served 0 before"), "answered on the half-read connection: {text}");
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
+    // The finished answer's connection is lent again.
+    let (_, _, text) = ask(&gw, r#"{"model":"m"}"#).await;
+    assert!(text.contains("served 1 before"), "{text}");
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_connection_is_not_lent_while_its_answer_is_still_streaming() {
+    let up = upstream(Mode::KeepAlive).await;
+    let gw = gateway(&config(&up)).await;
+    let mut stream =
+        client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"m","stream":true}"#).send().await.unwrap();
+    assert!(String::from_utf8_lossy(&stream.chunk().await.unwrap().unwrap()).contains("first"));
+    // The stream's connection is busy for 3 s more: the next request gets
+    // its own at once instead of queueing behind it.
+    let started = std::time::Instant::now();
+    let (status, _, text) = ask(&gw, r#"{"model":"m"}"#).await;
+    assert_eq!(status, 200);
+    assert!(started.elapsed() < Duration::from_secs(1), "waited {:?} behind a stream", started.elapsed());
+    assert!(text.contains("served 0 before"), "{text}");
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+}
