@@ -194,7 +194,7 @@ async fn a_connection_is_not_lent_while_its_answer_is_still_streaming() {
     assert!(String::from_utf8_lossy(&stream.chunk().await.unwrap().unwrap()).contains("first"));
     // The stream's connection is busy for 3 s more: the next request gets
     // its own at once instead of queueing behind it.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let (status, _, text) = ask(&gw, r#"{"model":"m"}"#).await;
     assert_eq!(status, 200);
     assert!(started.elapsed() < Duration::from_secs(1), "waited {:?} behind a stream", started.elapsed());
