@@ -7,9 +7,13 @@
 //! model aliases, client key names — never a key or a string a client
 //! made up.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::sync::Arc;
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
 
 use crate::record::Outcome;
 
@@ -17,8 +21,11 @@ use crate::record::Outcome;
 pub struct Metrics {
     registry: Registry,
     /// Model label values allowed (the configured aliases; replaced on a
-    /// config reload).
-    aliases: arc_swap::ArcSwap<HashSet<String>>,
+    /// config reload), each with its series already looked up: a request
+    /// finds them with one map lookup instead of one per metric.
+    aliases: arc_swap::ArcSwap<HashMap<String, PerModel>>,
+    /// The series of requests whose model is not a configured alias.
+    other: PerModel,
     requests: IntCounterVec,
     attempts: IntCounterVec,
     tokens: IntCounterVec,
@@ -34,6 +41,34 @@ pub struct Metrics {
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Metrics")
+    }
+}
+
+/// One model label's series.
+#[derive(Clone)]
+struct PerModel {
+    queue_wait: Histogram,
+    ttfb: Histogram,
+    duration: Histogram,
+    tokens_in: IntCounter,
+    tokens_out: IntCounter,
+}
+
+impl PerModel {
+    fn of(
+        queue_wait: &HistogramVec,
+        ttfb: &HistogramVec,
+        duration: &HistogramVec,
+        tokens: &IntCounterVec,
+        model: &str,
+    ) -> Self {
+        Self {
+            queue_wait: queue_wait.with_label_values(&[model]),
+            ttfb: ttfb.with_label_values(&[model]),
+            duration: duration.with_label_values(&[model]),
+            tokens_in: tokens.with_label_values(&["in", model]),
+            tokens_out: tokens.with_label_values(&["out", model]),
+        }
     }
 }
 
@@ -83,7 +118,12 @@ impl Metrics {
             &["client", "what"],
         )?;
         registry.register(Box::new(clients.clone()))?;
-        Ok(Self {
+        let queue_wait = histogram("queue_wait_seconds", "time waiting for upstream slots and rate buckets")?;
+        let ttfb = histogram("ttfb_seconds", "time to the first byte sent to the client")?;
+        let duration = histogram("request_duration_seconds", "total request time")?;
+        let tokens = counter("tokens_total", "tokens reported by upstreams", &["direction", "model"])?;
+        let other = PerModel::of(&queue_wait, &ttfb, &duration, &tokens, "-");
+        let metrics = Self {
             clients,
             requests: counter(
                 "requests_total",
@@ -91,42 +131,58 @@ impl Metrics {
                 &["outcome", "class", "upstream", "model"],
             )?,
             attempts: counter("attempts_total", "upstream attempts by verdict", &["upstream", "verdict"])?,
-            tokens: counter("tokens_total", "tokens reported by upstreams", &["direction", "model"])?,
+            tokens,
             anomalies: counter("anomalies_total", "floods flagged, per client key name", &["client"])?,
             rejected: counter(
                 "rejected_total",
                 "requests refused before routing (bad key, foreign origin, unknown path, wrong method)",
                 &["reason"],
             )?,
-            queue_wait: histogram("queue_wait_seconds", "time waiting for upstream slots and rate buckets")?,
-            ttfb: histogram("ttfb_seconds", "time to the first byte sent to the client")?,
-            duration: histogram("request_duration_seconds", "total request time")?,
+            queue_wait,
+            ttfb,
+            duration,
             gauges,
-            aliases: arc_swap::ArcSwap::from_pointee(aliases.collect()),
+            aliases: arc_swap::ArcSwap::from_pointee(HashMap::new()),
+            other,
             registry,
-        })
+        };
+        metrics.set_aliases(aliases);
+        Ok(metrics)
+    }
+
+    fn per_model(&self, model: &str) -> PerModel {
+        PerModel::of(&self.queue_wait, &self.ttfb, &self.duration, &self.tokens, model)
     }
 
     /// The aliases of a reloaded config become the allowed model labels.
     pub fn set_aliases(&self, aliases: impl Iterator<Item = String>) {
-        self.aliases.store(std::sync::Arc::new(aliases.collect()));
+        let map = aliases
+            .map(|alias| {
+                let series = self.per_model(&alias);
+                (alias, series)
+            })
+            .collect();
+        self.aliases.store(Arc::new(map));
     }
 
     /// Records one finished request.
     pub fn observe(&self, s: &Sample<'_>) {
         let aliases = self.aliases.load();
-        let model = s.model.filter(|m| aliases.contains(*m)).unwrap_or("-");
+        let (model, series) = match s.model.and_then(|m| aliases.get_key_value(m)) {
+            Some((alias, series)) => (alias.as_str(), series),
+            None => ("-", &self.other),
+        };
         self.requests.with_label_values(&[s.outcome.as_str(), s.class, s.upstream, model]).inc();
-        self.queue_wait.with_label_values(&[model]).observe(s.queue_wait);
+        series.queue_wait.observe(s.queue_wait);
         if let Some(t) = s.ttfb {
-            self.ttfb.with_label_values(&[model]).observe(t);
+            series.ttfb.observe(t);
         }
-        self.duration.with_label_values(&[model]).observe(s.total);
+        series.duration.observe(s.total);
         if let Some(n) = s.tokens.0 {
-            self.tokens.with_label_values(&["in", model]).inc_by(n);
+            series.tokens_in.inc_by(n);
         }
         if let Some(n) = s.tokens.1 {
-            self.tokens.with_label_values(&["out", model]).inc_by(n);
+            series.tokens_out.inc_by(n);
         }
     }
 

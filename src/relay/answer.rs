@@ -41,7 +41,8 @@ impl Answer {
     /// The HTTP response for a client still waiting for headers.
     pub fn into_response(self, protocol: Protocol) -> Response {
         match self {
-            Answer::Stream(parts, body) => Response::from_parts(parts, Body::new(*body)),
+            // The box itself is the body: not moved into a second one.
+            Answer::Stream(parts, body) => Response::from_parts(parts, Body::new(body)),
             Answer::Verbatim { mut parts, body, .. } => {
                 parts.headers.remove(http::header::CONTENT_LENGTH);
                 Response::from_parts(parts, Body::from(body))

@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, header, request::Parts};
+use http::{HeaderMap, HeaderName, HeaderValue, header, request::Parts};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
@@ -105,7 +105,8 @@ pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Respo
     label(error.into_response(protocol), crate::request_id::next(), None, 0)
 }
 
-async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
+/// A model endpoint's request, from arrival to the answer's head.
+pub(super) async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
     let protocol = endpoint.protocol();
     let id = crate::request_id::next();
     let mut report = Report::new(id, Instant::now()).into(gw.sink.clone());
@@ -224,15 +225,26 @@ fn commit_waiting(
     label(response, id, None, attempts)
 }
 
-/// The headers every answer carries.
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-tidegate-request-id");
+const UPSTREAM: HeaderName = HeaderName::from_static("x-tidegate-upstream");
+const ATTEMPTS: HeaderName = HeaderName::from_static("x-tidegate-attempts");
+const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+
+/// The headers every answer carries. (Static names and small counts
+/// need no allocation: this runs for every request.)
 fn label(mut response: Response, id: uuid::Uuid, upstream: Option<&str>, attempts: usize) -> Response {
     let headers = response.headers_mut();
-    if let Ok(v) = HeaderValue::try_from(id.to_string()) {
-        headers.insert("x-tidegate-request-id", v);
+    let mut text = uuid::Uuid::encode_buffer();
+    if let Ok(v) = HeaderValue::from_str(id.hyphenated().encode_lower(&mut text)) {
+        headers.insert(REQUEST_ID, v);
     }
     let upstream = upstream.and_then(|u| HeaderValue::try_from(u).ok());
-    headers.insert("x-tidegate-upstream", upstream.unwrap_or(HeaderValue::from_static("none")));
-    headers.insert("x-tidegate-attempts", HeaderValue::from(attempts));
+    headers.insert(UPSTREAM, upstream.unwrap_or(HeaderValue::from_static("none")));
+    let attempts = match DIGITS.get(attempts) {
+        Some(digit) => HeaderValue::from_static(digit),
+        None => HeaderValue::from(attempts),
+    };
+    headers.insert(ATTEMPTS, attempts);
     response
 }
 
@@ -391,7 +403,8 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize, limit: Duration)
     let read = async {
         let mut body = body;
         // Frames are kept as they arrive: a body in one frame (the usual
-        // case) is passed on without a copy.
+        // case) is passed on without a copy or a list.
+        let mut first: Option<Bytes> = None;
         let mut frames: Vec<Bytes> = Vec::new();
         let mut seen = 0usize;
         let mut too_large = declared.is_some_and(|n| n > max as u64);
@@ -401,6 +414,7 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize, limit: Duration)
             seen += data.len();
             if seen > max {
                 too_large = true;
+                first = None;
                 frames.clear();
             }
             if too_large {
@@ -409,15 +423,18 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize, limit: Duration)
                 }
                 continue;
             }
-            frames.push(data);
+            match first.take() {
+                None if frames.is_empty() => first = Some(data),
+                earlier => frames.extend(earlier.into_iter().chain([data])),
+            }
         }
         if too_large {
             return Err(GatewayError::TooLarge { limit: max });
         }
-        Ok(match frames.len() {
-            0 => Bytes::new(),
-            1 => frames.swap_remove(0),
-            _ => Bytes::from(frames.concat()),
+        Ok(match first {
+            Some(only) => only,
+            None if frames.is_empty() => Bytes::new(),
+            None => Bytes::from(frames.concat()),
         })
     };
     match tokio::time::timeout(limit, read).await {

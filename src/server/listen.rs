@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -29,8 +30,11 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Accepts connections forever, serving each with HTTP/1.1 on its own task.
 pub async fn serve(listener: TcpListener, app: Router) {
-    serve_until(listener, app, std::future::pending(), usize::MAX).await;
+    serve_until(listener, TowerToHyperService::new(app), std::future::pending(), usize::MAX).await;
 }
+
+/// Boxed error of a service or body.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The answer to a connection over `max_connections`: written at once,
 /// then the connection is closed (no request is read).
@@ -49,7 +53,19 @@ static TOO_MANY: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
 /// `max_connections` open at once, a new connection gets an immediate
 /// `503` and is closed, so a flood of idle sockets cannot use up the file
 /// descriptors the gateway needs for its upstreams.
-pub async fn serve_until(listener: TcpListener, app: Router, stop: impl Future<Output = ()>, max_connections: usize) {
+pub async fn serve_until<S, B>(
+    listener: TcpListener,
+    service: S,
+    stop: impl Future<Output = ()>,
+    max_connections: usize,
+) where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
     let open =
         std::sync::Arc::new(tokio::sync::Semaphore::new(max_connections.min(tokio::sync::Semaphore::MAX_PERMITS)));
     let mut stop = std::pin::pin!(stop);
@@ -94,7 +110,7 @@ pub async fn serve_until(listener: TcpListener, app: Router, stop: impl Future<O
             });
             continue;
         };
-        let service = TowerToHyperService::new(app.clone());
+        let service = service.clone();
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs(30))

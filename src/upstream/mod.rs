@@ -39,6 +39,8 @@ pub use pool::PooledBody;
 /// concurrent requests at no measurable throughput cost (see bench/).
 const READ_BUF: usize = 2048;
 
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+
 /// Client headers that never go upstream; every other header does, so the
 /// correlation headers agents send (`session-id`, `x-codex-*`,
 /// `openai-beta`, …) reach the provider even when the next client version
@@ -93,7 +95,7 @@ fn anthropic_error(kind: crate::protocol::ErrorKind, name: &str, message: &str) 
 }
 
 /// Marks a request that already passed through a tidegate.
-pub const HOP_HEADER: &str = "x-tidegate-hop";
+pub const HOP_HEADER: HeaderName = HeaderName::from_static("x-tidegate-hop");
 
 /// An upstream ready to take requests.
 pub struct Upstream {
@@ -307,8 +309,8 @@ impl Upstream {
         if !headers.contains_key(header::CONTENT_TYPE) || cloud {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
-        if self.config.protocol == Family::Anthropic && !cloud && !headers.contains_key("anthropic-version") {
-            headers.insert("anthropic-version", self.config.anthropic_version.clone());
+        if self.config.protocol == Family::Anthropic && !cloud && !headers.contains_key(&ANTHROPIC_VERSION) {
+            headers.insert(ANTHROPIC_VERSION, self.config.anthropic_version.clone());
         }
         if let Some((name, value)) = &self.auth {
             headers.insert(name.clone(), value.clone());

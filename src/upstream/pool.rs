@@ -73,14 +73,19 @@ impl Pool {
             req.headers_mut().insert(header::HOST, host);
         }
         // On the wire, the request line carries the path only.
-        if let Some(path) = target.path_and_query().and_then(|p| Uri::try_from(p.as_str()).ok()) {
+        let mut origin = http::uri::Parts::default();
+        origin.path_and_query = target.path_and_query().cloned();
+        if let Ok(path) = Uri::from_parts(origin) {
             *req.uri_mut() = path;
         }
         let mut stale = 0;
         loop {
             let (mut conn, reused) = match self.checkout() {
                 Some(conn) if stale < STALE_TRIES => (conn, true),
-                _ => (self.connect(&target).await?, false),
+                // Boxed: connecting (DNS, TCP, TLS, handshake) is rare on
+                // a pooled upstream, and inline its future would be part of
+                // every request's.
+                _ => (Box::pin(self.connect(&target)).await?, false),
             };
             if conn.ready().await.is_err() {
                 stale += 1;
