@@ -481,13 +481,23 @@ impl Body for RelayBody {
                         this.last = this.break_stream("tidegate is shutting down".into());
                         continue;
                     }
+                    // The timer is armed once and re-armed only when it
+                    // fires early (frames came meanwhile): not moved per
+                    // event, which would cost a timer-wheel update each.
                     let deadline = this.last_frame + this.idle;
                     let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                    if timer.deadline() != deadline {
+                    if timer.deadline() > deadline {
+                        // A continuation on an upstream with a shorter idle limit.
                         timer.as_mut().reset(deadline);
                     }
                     if timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
+                    }
+                    if timer.deadline() < deadline {
+                        timer.as_mut().reset(deadline);
+                        if timer.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
                     }
                     if this.sse.as_ref().is_some_and(|s| s.seen.complete) {
                         this.inner = None;

@@ -105,19 +105,28 @@ impl Scanner {
 fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> Kind {
     let text = String::from_utf8_lossy(raw);
     let mut name: Option<&str> = None;
-    let mut data: Vec<&str> = Vec::new();
+    // The first `data:` line apart: nearly every event has one, and then
+    // no list is needed.
+    let mut first: Option<&str> = None;
+    let mut more: Vec<&str> = Vec::new();
     for line in text.lines() {
         let line = line.strip_suffix('\r').unwrap_or(line);
         if let Some(v) = line.strip_prefix("event:") {
             name = Some(v.trim());
         } else if let Some(v) = line.strip_prefix("data:") {
-            data.push(v.strip_prefix(' ').unwrap_or(v));
+            let v = v.strip_prefix(' ').unwrap_or(v);
+            match first {
+                None => first = Some(v),
+                Some(_) => more.push(v),
+            }
         }
     }
-    if data.is_empty() && name.is_none() {
-        return Kind::KeepAlive;
-    }
-    let data: Cow<'_, str> = if data.len() == 1 { Cow::Borrowed(data[0]) } else { Cow::Owned(data.join("\n")) };
+    let data: Cow<'_, str> = match first {
+        None if name.is_none() => return Kind::KeepAlive,
+        None => Cow::Borrowed(""),
+        Some(only) if more.is_empty() => Cow::Borrowed(only),
+        Some(line) => Cow::Owned(std::iter::once(line).chain(more).collect::<Vec<_>>().join("\n")),
+    };
     let kind = protocol.inspect(name, &data, seen, text_cap);
     match kind {
         Kind::Content => {
