@@ -327,11 +327,11 @@ impl Run<'_> {
     async fn acquire(&mut self, ti: usize, tokens: u64) -> Result<(Permit, u32), Relayed> {
         let index = self.targets.upstream(ti);
         let upstream = &self.job.gw.upstreams[index];
+        let queued_at = Instant::now();
         if self.targets.first_use(ti) {
-            upstream.budget.record_request(Instant::now());
+            upstream.budget.record_request(queued_at);
         }
         self.job.progress.attempt(index);
-        let queued_at = Instant::now();
         let acquired = self.unless_closing(upstream.limiter.acquire(&self.job.who, tokens, self.job.deadline)).await;
         let Some(acquired) = acquired else { return Err(self.closed(ti)) };
         match acquired {

@@ -109,7 +109,10 @@ pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Respo
 pub(super) async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
     let protocol = endpoint.protocol();
     let id = crate::request_id::next();
-    let mut report = Report::new(id, Instant::now()).into(gw.sink.clone());
+    // One clock read for the request's arrival: its report, deadline,
+    // lane and volume count all start from it.
+    let arrived = Instant::now();
+    let mut report = Report::new(id, arrived).into(gw.sink.clone());
     if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
         // Shutting down: an honest 503 at once, and no keep-alive, so the
         // client goes to another replica.
@@ -134,7 +137,7 @@ pub(super) async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) ->
             return label(error.into_response(protocol), id, None, 0);
         }
     };
-    if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, Instant::now()) {
+    if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {
         report.anomaly = true;
         let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
         if let (true, Some(lane)) = (penalised, &job.lane) {
@@ -306,7 +309,7 @@ async fn prepare(
             kinds.join(", ")
         )));
     }
-    let deadline = deadline(model.deadline, &parts.headers)?;
+    let deadline = deadline(model.deadline, &parts.headers, report.started)?;
     let pin = match &head.previous_response_id {
         Some(id) => pinned(gw, id, model).await?,
         None => None,
@@ -328,7 +331,7 @@ async fn prepare(
         .map(|_| Arc::new(crate::otel::TraceCtx::start(&parts.headers, endpoint.operation(), family.as_str())));
     report.trace = trace.clone();
     let who = match &lane {
-        Some(lane) => lane.who(asked, Instant::now()),
+        Some(lane) => lane.who(asked, report.started),
         None => gw.lanes.anonymous(asked.unwrap_or_default()),
     };
     Ok(Job {
@@ -372,7 +375,7 @@ fn endpoints_of(family: Family) -> String {
 
 /// The request's deadline: the alias's, shortened (never lengthened) by a
 /// client's `x-tidegate-deadline: 30s`.
-fn deadline(route_deadline: Duration, headers: &HeaderMap) -> Result<Instant, GatewayError> {
+fn deadline(route_deadline: Duration, headers: &HeaderMap, arrived: Instant) -> Result<Instant, GatewayError> {
     let asked = match headers.get("x-tidegate-deadline") {
         None => None,
         Some(v) => {
@@ -384,7 +387,7 @@ fn deadline(route_deadline: Duration, headers: &HeaderMap) -> Result<Instant, Ga
         }
     };
     let budget = asked.map_or(route_deadline, |d| d.min(route_deadline));
-    Ok(Instant::now() + budget)
+    Ok(arrived + budget)
 }
 
 /// Most bytes of an oversized body read (and thrown away) before the 413

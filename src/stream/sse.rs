@@ -143,12 +143,13 @@ fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> 
 /// Token usage from the end of a JSON answer (`usage` is at or near the
 /// end for every protocol), without parsing the whole body.
 pub fn usage_in_json(tail: &[u8]) -> Usage {
-    let text = String::from_utf8_lossy(tail);
+    // On bytes: the keys and digits are ASCII, and this runs for every
+    // JSON answer (no UTF-8 pass over the tail).
     let number = |key: &str| {
-        let at = text.rfind(key)? + key.len();
-        let rest = text[at..].trim_start().strip_prefix(':')?.trim_start();
-        let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        rest[..end].parse().ok()
+        let at = memchr::memmem::rfind(tail, key.as_bytes())? + key.len();
+        let rest = tail[at..].trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
+        let end = rest.iter().position(|c| !c.is_ascii_digit()).unwrap_or(rest.len());
+        std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
     };
     Usage {
         input: number("\"prompt_tokens\"").or_else(|| number("\"input_tokens\"")),
