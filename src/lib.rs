@@ -4,7 +4,9 @@
 //! A request's path through the code, one module per box:
 //!
 //! ```text
-//! client ──► server    auth (constant time), size limit, keep raw bytes
+//! client ──► server    model endpoints straight to their handler (`Front`),
+//!                      the rest via the route table; auth (constant time),
+//!                      size limit, keep raw bytes
 //!        ──► protocol  the endpoint's wire protocol: read `model`, `stream`
 //!                      and routing fields only; splice a renamed model
 //!        ──► config    alias or pattern → ordered equivalent targets
@@ -17,10 +19,11 @@
 //!                      between keys), concurrency slots, rate buckets
 //!                      (shared: the same as leases in Redis, for replicas)
 //!        ──► classify  what an answer means; retry: what to do about it
-//!        ──► upstream  per-provider client: auth, headers, pooling, timeouts
-//!        ──► stream    body relayed event by event, idle timeout, owns the
-//!                      upstream slot until the last byte; asks `protocol`
-//!                      what each event is
+//!        ──► upstream  per-provider client: auth, headers, timeouts; its own
+//!                      connection pool over hyper's connection API
+//!        ──► stream    body relayed by whole events (a burst in one write),
+//!                      idle timeout, owns the upstream slot until the last
+//!                      byte; asks `protocol` what each event is
 //!        ──► error     what tidegate answers itself, in the client's shape
 //! ```
 //!
