@@ -198,15 +198,15 @@ async fn attempts(job: Job) -> Relayed {
     };
     let tokens = tokens_of(&job);
     loop {
-        let ti = match run.pick().await {
-            Ok(ti) => ti,
+        let (ti, now) = match run.pick().await {
+            Ok(picked) => picked,
             Err(stop) => return stop,
         };
-        let (permit, held) = match run.acquire(ti, tokens).await {
+        let (permit, held, now) = match run.acquire(ti, tokens, now).await {
             Ok(acquired) => acquired,
             Err(stop) => return stop,
         };
-        let (outcome, buffered) = match run.send(ti).await {
+        let (outcome, buffered) = match run.send(ti, now).await {
             Attempt::Success(answer) => return run.succeed(ti, answer, permit),
             Attempt::Failure(outcome, buffered) => (outcome, buffered),
             // The deadline, not the upstream, ended it: nothing to learn
@@ -293,10 +293,11 @@ impl Run<'_> {
 
     /// Pick: the target for the next attempt. A provider's hold is waited
     /// out within the deadline; every breaker open fails fast.
-    async fn pick(&mut self) -> Result<usize, Relayed> {
+    async fn pick(&mut self) -> Result<(usize, Instant), Relayed> {
         loop {
-            let (why, fallback) = match self.targets.pick(Instant::now()) {
-                Pick::Use(ti) => return Ok(ti),
+            let now = Instant::now();
+            let (why, fallback) = match self.targets.pick(now) {
+                Pick::Use(ti) => return Ok((ti, now)),
                 // The provider asked for nothing before `until`: wait for
                 // it within the deadline, else say so at once with that wait.
                 Pick::HoldUntil(until) if until < self.job.deadline => {
@@ -324,10 +325,10 @@ impl Run<'_> {
 
     /// Acquire: wait for the upstream's rate buckets and a concurrency
     /// slot. Returns the permit and how many slots were held with it.
-    async fn acquire(&mut self, ti: usize, tokens: u64) -> Result<(Permit, u32), Relayed> {
+    async fn acquire(&mut self, ti: usize, tokens: u64, now: Instant) -> Result<(Permit, u32, Instant), Relayed> {
         let index = self.targets.upstream(ti);
         let upstream = &self.job.gw.upstreams[index];
-        let queued_at = Instant::now();
+        let queued_at = now;
         if self.targets.first_use(ti) {
             upstream.budget.record_request(queued_at);
         }
@@ -336,8 +337,9 @@ impl Run<'_> {
         let Some(acquired) = acquired else { return Err(self.closed(ti)) };
         match acquired {
             Ok(permit) => {
-                self.queue_wait += queued_at.elapsed();
-                Ok((permit, upstream.limiter.in_flight()))
+                let acquired_at = Instant::now();
+                self.queue_wait += acquired_at.saturating_duration_since(queued_at);
+                Ok((permit, upstream.limiter.in_flight(), acquired_at))
             }
             Err(refused) => {
                 let error = answer::refused(upstream, refused, self.attempts.len(), self.started.elapsed());
@@ -347,8 +349,8 @@ impl Run<'_> {
     }
 
     /// Send and classify: one attempt on target `ti`.
-    async fn send(&mut self, ti: usize) -> Attempt {
-        let remaining = self.job.deadline.saturating_duration_since(Instant::now());
+    async fn send(&mut self, ti: usize, now: Instant) -> Attempt {
+        let remaining = self.job.deadline.saturating_duration_since(now);
         let body = self.targets.body(ti, self.job);
         let index = self.targets.upstream(ti);
         let model = self.targets.model(ti, self.job);
