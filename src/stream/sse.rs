@@ -143,18 +143,21 @@ fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> 
 /// Token usage from the end of a JSON answer (`usage` is at or near the
 /// end for every protocol), without parsing the whole body.
 pub fn usage_in_json(tail: &[u8]) -> Usage {
-    // On bytes: the keys and digits are ASCII, and this runs for every
-    // JSON answer (no UTF-8 pass over the tail).
-    let number = |key: &str| {
-        let at = memchr::memmem::rfind(tail, key.as_bytes())? + key.len();
+    use memchr::memmem::FinderRev;
+    use std::sync::LazyLock;
+    // Searchers built once: this runs for every JSON answer. On bytes: the
+    // keys and digits are ASCII (no UTF-8 pass over the tail).
+    static KEYS: LazyLock<[FinderRev<'static>; 4]> = LazyLock::new(|| {
+        ["\"prompt_tokens\"", "\"input_tokens\"", "\"completion_tokens\"", "\"output_tokens\""].map(FinderRev::new)
+    });
+    let number = |finder: &FinderRev<'_>| {
+        let at = finder.rfind(tail)? + finder.needle().len();
         let rest = tail[at..].trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
         let end = rest.iter().position(|c| !c.is_ascii_digit()).unwrap_or(rest.len());
         std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
     };
-    Usage {
-        input: number("\"prompt_tokens\"").or_else(|| number("\"input_tokens\"")),
-        output: number("\"completion_tokens\"").or_else(|| number("\"output_tokens\"")),
-    }
+    let [prompt, input, completion, output] = &*KEYS;
+    Usage { input: number(prompt).or_else(|| number(input)), output: number(completion).or_else(|| number(output)) }
 }
 
 /// Length of the first complete event in `buf` (separator included).
