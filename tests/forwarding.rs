@@ -201,41 +201,34 @@ async fn a_burst_of_events_leaves_in_few_writes_and_spaced_events_are_not_held()
     ]);
     let models = "  slow:\n    targets: [{ upstream: sim-openai, model: slow-gpt }]";
     let gw = gateway(&yaml(&sim, "", "", models)).await;
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .body(r#"{"model":"gpt","stream":true,"messages":[]}"#)
-        .send()
-        .await
-        .unwrap();
-    let mut stream = resp.bytes_stream();
-    let (mut received, mut pieces) = (Vec::new(), 0);
-    while let Some(chunk) = stream.next().await {
-        received.extend_from_slice(&chunk.unwrap());
-        pieces += 1;
-    }
+    let pieces =
+        arrivals(post(&gw, "/v1/chat/completions", r#"{"model":"gpt","stream":true,"messages":[]}"#).await).await;
+    let received: Vec<u8> = pieces.iter().flat_map(|(_, piece)| piece.to_vec()).collect();
     assert_eq!(received, sse_frames(Protocol::OpenAiChat, "real-gpt", 40).concat());
-    assert!(pieces <= 10, "41 events arrived in {pieces} pieces");
+    assert!(pieces.len() <= 10, "41 events arrived in {} pieces", pieces.len());
 
     // Events 200 ms apart: each is forwarded when it comes, not held for
     // the next.
-    let resp = client()
-        .post(url(&gw, "/v1/chat/completions"))
-        .body(r#"{"model":"slow","stream":true,"messages":[]}"#)
-        .send()
-        .await
-        .unwrap();
-    let mut stream = resp.bytes_stream();
-    let mut arrivals = Vec::new();
-    let mut received = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.unwrap();
-        let events = chunk.windows(2).filter(|w| w == b"\n\n").count();
-        arrivals.extend(std::iter::repeat_n(Instant::now(), events));
-        received.extend_from_slice(&chunk);
-    }
+    let pieces =
+        arrivals(post(&gw, "/v1/chat/completions", r#"{"model":"slow","stream":true,"messages":[]}"#).await).await;
+    let received: Vec<u8> = pieces.iter().flat_map(|(_, piece)| piece.to_vec()).collect();
     assert_eq!(received, sse_frames(Protocol::OpenAiChat, "slow-gpt", 5).concat());
-    for (i, pair) in arrivals.windows(2).take(4).enumerate() {
+    let events: Vec<Instant> = pieces
+        .iter()
+        .flat_map(|(at, piece)| std::iter::repeat_n(*at, piece.windows(2).filter(|w| w == b"\n\n").count()))
+        .collect();
+    for (i, pair) in events.windows(2).take(4).enumerate() {
         let gap = pair[1] - pair[0];
         assert!(gap >= Duration::from_millis(150), "event {} came {gap:?} after the one before: held", i + 1);
     }
+}
+
+/// The pieces of a streamed answer as they arrived, with their times.
+async fn arrivals(resp: reqwest::Response) -> Vec<(Instant, bytes::Bytes)> {
+    let mut stream = resp.bytes_stream();
+    let mut pieces = Vec::new();
+    while let Some(piece) = stream.next().await {
+        pieces.push((Instant::now(), piece.unwrap()));
+    }
+    pieces
 }

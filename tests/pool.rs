@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{client, gateway, url};
+use common::{gateway, post};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -109,7 +109,7 @@ fn config(up: &Upstream) -> String {
 }
 
 async fn ask(gw: &tidegate::server::Running, body: &str) -> (u16, String, String) {
-    let resp = client().post(url(gw, "/v1/chat/completions")).body(body.to_string()).send().await.unwrap();
+    let resp = post(gw, "/v1/chat/completions", body).await;
     let attempts = resp.headers()["x-tidegate-attempts"].to_str().unwrap().to_string();
     (resp.status().as_u16(), attempts, resp.text().await.unwrap())
 }
@@ -168,8 +168,7 @@ async fn an_answer_left_half_read_never_lends_its_connection() {
     let gw = gateway(&config(&up)).await;
     // The client hangs up after the first event; the upstream still has
     // the rest of that answer to send on its connection.
-    let mut resp =
-        client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"m","stream":true}"#).send().await.unwrap();
+    let mut resp = post(&gw, "/v1/chat/completions", r#"{"model":"m","stream":true}"#).await;
     assert_eq!(resp.status(), 200);
     let first = resp.chunk().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).contains("first"));
@@ -189,8 +188,7 @@ async fn an_answer_left_half_read_never_lends_its_connection() {
 async fn a_connection_is_not_lent_while_its_answer_is_still_streaming() {
     let up = upstream(Mode::KeepAlive).await;
     let gw = gateway(&config(&up)).await;
-    let mut stream =
-        client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"m","stream":true}"#).send().await.unwrap();
+    let mut stream = post(&gw, "/v1/chat/completions", r#"{"model":"m","stream":true}"#).await;
     assert!(String::from_utf8_lossy(&stream.chunk().await.unwrap().unwrap()).contains("first"));
     // The stream's connection is busy for 3 s more: the next request gets
     // its own at once instead of queueing behind it.

@@ -24,10 +24,6 @@ fn always(status: u16, body: &str) -> Behavior {
     Behavior { status: Some(status), error_body: body.into(), ..Default::default() }
 }
 
-async fn post(gw: &tidegate::server::Running, path: &str, body: &str) -> reqwest::Response {
-    client().post(url(gw, path)).body(body.to_string()).send().await.unwrap()
-}
-
 #[tokio::test]
 async fn concurrency_429_without_retry_after_is_absorbed() {
     let sim = sim(&[("real-gpt", scripted(vec![Fault::new(429, C3009), Fault::new(429, C3009)]))]);

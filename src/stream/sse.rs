@@ -125,7 +125,10 @@ fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> 
         None if name.is_none() => return Kind::KeepAlive,
         None => Cow::Borrowed(""),
         Some(only) if more.is_empty() => Cow::Borrowed(only),
-        Some(line) => Cow::Owned(std::iter::once(line).chain(more).collect::<Vec<_>>().join("\n")),
+        Some(line) => {
+            more.insert(0, line);
+            Cow::Owned(more.join("\n"))
+        }
     };
     let kind = protocol.inspect(name, &data, seen, text_cap);
     match kind {

@@ -220,7 +220,8 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let pool = pool::Pool::new(https, READ_BUF, !config.connection_close);
+        let base_uri: Uri = base.parse().map_err(|_| BuildError::Url(config.name.clone()))?;
+        let pool = pool::Pool::new(&base_uri, https, READ_BUF, !config.connection_close);
         Ok(Self {
             limiter: match &shared {
                 Some(state) => Limiter::shared(config.limits.clone(), state.clone(), &config.name),

@@ -47,6 +47,8 @@ type Conn = SendRequest<Full<Bytes>>;
 /// Connections to one upstream.
 pub struct Pool {
     connector: HttpsConnector<HttpConnector>,
+    /// The `Host` header of every request: one upstream is one host.
+    host: Option<HeaderValue>,
     handshake: Builder,
     /// Idle connections, oldest first; `None` when connections are not
     /// reused (`connection_close`).
@@ -54,13 +56,14 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pool connecting with `connector`, reading answers into buffers of
-    /// `read_buf` bytes; `reuse: false` makes every request its own
-    /// connection.
-    pub fn new(connector: HttpsConnector<HttpConnector>, read_buf: usize, reuse: bool) -> Arc<Self> {
+    /// A pool for the host of `base` connecting with `connector`, reading
+    /// answers into buffers of `read_buf` bytes; `reuse: false` makes every
+    /// request its own connection.
+    pub fn new(base: &Uri, connector: HttpsConnector<HttpConnector>, read_buf: usize, reuse: bool) -> Arc<Self> {
         let mut handshake = Builder::new();
         handshake.read_buf_exact_size(Some(read_buf));
-        Arc::new(Self { connector, handshake, idle: reuse.then(|| Mutex::new(Vec::new())) })
+        let host = base.authority().and_then(|a| HeaderValue::try_from(a.as_str()).ok());
+        Arc::new(Self { connector, host, handshake, idle: reuse.then(|| Mutex::new(Vec::new())) })
     }
 
     /// Sends `req` (an absolute URI) and returns the answer's head; its
@@ -68,9 +71,9 @@ impl Pool {
     pub async fn send(self: &Arc<Self>, mut req: Request<Full<Bytes>>) -> Result<Response<PooledBody>, String> {
         let target = req.uri().clone();
         if !req.headers().contains_key(header::HOST)
-            && let Some(host) = target.authority().and_then(|a| HeaderValue::try_from(a.as_str()).ok())
+            && let Some(host) = &self.host
         {
-            req.headers_mut().insert(header::HOST, host);
+            req.headers_mut().insert(header::HOST, host.clone());
         }
         // On the wire, the request line carries the path only.
         let mut origin = http::uri::Parts::default();

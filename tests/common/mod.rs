@@ -129,6 +129,11 @@ pub async fn assert_serves(gw: &Running) {
 }
 
 /// POSTs `body` to `path` with one extra header (e.g. `x-tidegate-deadline`).
+/// POSTs `body` to `path`.
+pub async fn post(gw: &Running, path: &str, body: &str) -> reqwest::Response {
+    client().post(url(gw, path)).body(body.to_string()).send().await.unwrap()
+}
+
 pub async fn post_with(gw: &Running, path: &str, header: (&str, &str), body: &str) -> reqwest::Response {
     client().post(url(gw, path)).header(header.0, header.1).body(body.to_string()).send().await.unwrap()
 }
