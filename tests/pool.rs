@@ -37,6 +37,8 @@ struct Upstream {
     addr: std::net::SocketAddr,
     accepted: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
+    /// Connections that ended (either side closed them).
+    closed: Arc<AtomicUsize>,
 }
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -70,12 +72,13 @@ async fn upstream(mode: Mode) -> Upstream {
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicUsize::new(0));
     let requests = Arc::new(AtomicUsize::new(0));
-    let (a, r) = (accepted.clone(), requests.clone());
+    let closed = Arc::new(AtomicUsize::new(0));
+    let (a, r, c) = (accepted.clone(), requests.clone(), closed.clone());
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { return };
             a.fetch_add(1, Ordering::SeqCst);
-            let r = r.clone();
+            let (r, c) = (r.clone(), c.clone());
             tokio::spawn(async move {
                 let on_conn = Arc::new(AtomicUsize::new(0));
                 let service = hyper::service::service_fn(move |req| {
@@ -93,10 +96,11 @@ async fn upstream(mode: Mode) -> Upstream {
                     }
                 }
                 let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                c.fetch_add(1, Ordering::SeqCst);
             });
         }
     });
-    Upstream { addr, accepted, requests }
+    Upstream { addr, accepted, requests, closed }
 }
 
 fn config(up: &Upstream) -> String {
@@ -203,4 +207,28 @@ async fn a_connection_is_not_lent_while_its_answer_is_still_streaming() {
         rest.extend_from_slice(&chunk);
     }
     assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+}
+
+#[tokio::test]
+async fn a_connection_idle_for_a_minute_is_closed_without_another_request() {
+    let up = upstream(Mode::KeepAlive).await;
+    let gw = gateway(&config(&up)).await;
+    let (status, _, _) = ask(&gw, r#"{"model":"m"}"#).await;
+    assert_eq!(status, 200);
+    // Virtual time from here: the idle minute passes at once.
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(50)).await;
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(up.closed.load(Ordering::SeqCst), 0, "closed before a minute idle");
+    tokio::time::advance(Duration::from_secs(11)).await;
+    for _ in 0..1000 {
+        if up.closed.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(up.closed.load(Ordering::SeqCst), 1, "the idle connection was not closed");
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
 }

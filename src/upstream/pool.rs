@@ -18,6 +18,7 @@
 //! on another one, since the upstream never saw it.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -53,6 +54,8 @@ pub struct Pool {
     /// Idle connections, oldest first; `None` when connections are not
     /// reused (`connection_close`).
     idle: Option<Mutex<Vec<(Conn, Instant)>>>,
+    /// A task closes connections idle for [`IDLE_FOR`] (see [`sweep`]).
+    sweeping: AtomicBool,
 }
 
 impl Pool {
@@ -63,7 +66,13 @@ impl Pool {
         let mut handshake = Builder::new();
         handshake.read_buf_exact_size(Some(read_buf));
         let host = base.authority().and_then(|a| HeaderValue::try_from(a.as_str()).ok());
-        Arc::new(Self { connector, host, handshake, idle: reuse.then(|| Mutex::new(Vec::new())) })
+        Arc::new(Self {
+            connector,
+            host,
+            handshake,
+            idle: reuse.then(|| Mutex::new(Vec::new())),
+            sweeping: AtomicBool::new(false),
+        })
     }
 
     /// Sends `req` (an absolute URI) and returns the answer's head; its
@@ -128,7 +137,7 @@ impl Pool {
         None
     }
 
-    fn give_back(&self, conn: Conn) {
+    fn give_back(self: &Arc<Self>, conn: Conn) {
         if conn.is_closed() {
             return;
         }
@@ -137,6 +146,18 @@ impl Pool {
         {
             idle.push((conn, Instant::now()));
         }
+        if !self.sweeping.swap(true, Ordering::AcqRel) {
+            tokio::spawn(sweep(Arc::downgrade(self)));
+        }
+    }
+
+    /// Closes the connections idle for [`IDLE_FOR`] by `now`; returns when
+    /// the oldest one left went idle.
+    fn evict_idle(&self, now: Instant) -> Option<Instant> {
+        let mut idle = self.idle.as_ref()?.lock().ok()?;
+        let expired = idle.iter().take_while(|(_, since)| now.saturating_duration_since(*since) >= IDLE_FOR).count();
+        idle.drain(..expired);
+        idle.first().map(|(_, since)| *since)
     }
 
     /// A new connection (TCP, TLS for `https`), its driver spawned.
@@ -151,6 +172,28 @@ impl Pool {
             }
         });
         Ok(conn)
+    }
+}
+
+/// Closes idle connections when they have been idle for [`IDLE_FOR`] (a
+/// burst's connections do not stay open, and their memory held, until the
+/// next request). Runs while the pool has idle connections; a connection
+/// given back starts it again.
+async fn sweep(pool: Weak<Pool>) {
+    let mut wake = Instant::now() + IDLE_FOR;
+    loop {
+        tokio::time::sleep_until(wake).await;
+        let Some(pool) = pool.upgrade() else { return };
+        if let Some(oldest) = pool.evict_idle(Instant::now()) {
+            wake = oldest + IDLE_FOR;
+            continue;
+        }
+        pool.sweeping.store(false, Ordering::Release);
+        // A connection given back just now saw the flag still set.
+        match pool.evict_idle(Instant::now()) {
+            Some(oldest) if !pool.sweeping.swap(true, Ordering::AcqRel) => wake = oldest + IDLE_FOR,
+            _ => return,
+        }
     }
 }
 
