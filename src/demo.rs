@@ -137,6 +137,9 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
     if options.progress {
         eprintln!();
     }
+    if let Some(journal) = gateway.live().load().sink.journal.clone() {
+        let _ = tokio::task::spawn_blocking(move || journal.flush(Duration::from_secs(2))).await;
+    }
     let behind = read_journal(&options.journal, n).await;
     drop(gateway);
     Ok(Report { requests: n, direct, gateway: through, behind, journal: options.journal.clone() })

@@ -36,7 +36,7 @@ pub async fn requests(
     if !authorized(&gw, &headers) {
         return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
     }
-    let Some(journal) = gw.sink.journal.as_ref().map(|j| j.path().to_path_buf()) else {
+    let Some(journal) = gw.sink.journal.clone() else {
         return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAiChat);
     };
     let since_ms = match params.get("since").map(|s| parse_since(s)) {
@@ -53,7 +53,7 @@ pub async fn requests(
         since_ms,
         limit: params.get("limit").and_then(|l| l.parse().ok()).unwrap_or(50).min(1000),
     };
-    let found = tokio::task::spawn_blocking(move || journal::list(&journal, &query)).await;
+    let found = tokio::task::spawn_blocking(move || journal::list(caught_up(&journal), &query)).await;
     match found {
         Ok(Ok(rows)) => json_response(&json!({ "requests": rows })),
         Ok(Err(err)) => journal_error(&err.to_string()),
@@ -69,10 +69,10 @@ pub async fn request(State(gw): State<Arc<Gateway>>, headers: HeaderMap, uri: ht
     if !authorized(&gw, &headers) {
         return GatewayError::Unauthorized.into_response(Protocol::OpenAiChat);
     }
-    let Some(journal) = gw.sink.journal.as_ref().map(|j| j.path().to_path_buf()) else {
+    let Some(journal) = gw.sink.journal.clone() else {
         return GatewayError::NoRoute("the journal is off (journal: off)".into()).into_response(Protocol::OpenAiChat);
     };
-    match tokio::task::spawn_blocking(move || journal::get(&journal, &id)).await {
+    match tokio::task::spawn_blocking(move || journal::get(caught_up(&journal), &id)).await {
         Ok(Ok(Some(row))) => json_response(&json!(row)),
         Ok(Ok(None)) => {
             GatewayError::NoRoute("no such request in the journal".into()).into_response(Protocol::OpenAiChat)
@@ -80,6 +80,14 @@ pub async fn request(State(gw): State<Arc<Gateway>>, headers: HeaderMap, uri: ht
         Ok(Err(err)) => journal_error(&err.to_string()),
         Err(err) => journal_error(&err.to_string()),
     }
+}
+
+/// The journal's file once the rows of requests answered so far are in
+/// it (the writer otherwise commits up to a second later), waiting half
+/// a second at most: reading the journal right after a request shows it.
+fn caught_up(journal: &journal::Journal) -> &std::path::Path {
+    journal.flush(std::time::Duration::from_millis(500));
+    journal.path()
 }
 
 /// `GET /admin/stats`: the last five minutes per upstream in 10-second
