@@ -20,6 +20,39 @@ const FLUSH_EVERY: Duration = Duration::from_millis(100);
 const FLUSH_AT: usize = 64 * 1024;
 const DROP_AT: usize = 4 * 1024 * 1024;
 
+/// A spawned task that drives one HTTP connection (`connection`) to its
+/// end, holds `holding` until then, and logs at debug how it ended.
+///
+/// A type, not `async move { connection.await }`: that task would hold the
+/// connection twice, as its capture and as what it awaits (1.7 KB for an
+/// upstream connection), and there is one such task per open connection,
+/// client's and upstream's.
+pub struct Drive<F, K> {
+    /// The connection future.
+    pub connection: F,
+    /// Held while it runs (a connection slot).
+    pub holding: K,
+    /// Whose connection, for the log.
+    pub what: &'static str,
+}
+
+impl<F, K, E> std::future::Future for Drive<F, K>
+where
+    F: std::future::Future<Output = Result<(), E>> + Unpin,
+    K: Unpin,
+    E: std::fmt::Display,
+{
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let ended = std::task::ready!(std::pin::Pin::new(&mut self.connection).poll(cx));
+        if let Err(err) = ended {
+            tracing::debug!(error = %err, "{} connection ended with an error", self.what);
+        }
+        std::task::Poll::Ready(())
+    }
+}
+
 /// A logged value a client chose (a model name, a path): control
 /// characters are written escaped (`\n` as `\u{a}`), so no value can
 /// forge a log line or make the log binary.

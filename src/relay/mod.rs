@@ -150,34 +150,42 @@ fn tokens_of(job: &Job) -> u64 {
 
 /// Enters the client key's lane, then runs attempts across the alias's
 /// targets until success, a final error, or the deadline.
-pub async fn relay(job: Job) -> Relayed {
-    let Some(lane) = job.lane.clone() else { return attempts(job).await };
-    let started = Instant::now();
-    let entered = tokio::select! {
-        biased;
-        entered = lane.enter(&job.who, job.route, tokens_of(&job), job.deadline) => entered,
-        () = job.gw.closing.cancelled() => Err(GatewayError::ShuttingDown),
-    };
-    let in_lane = started.elapsed();
-    match entered {
-        Ok(pass) => {
-            let mut relayed = attempts(job).await;
-            relayed.queue_wait += in_lane;
-            relayed.pass = Some(pass);
-            relayed
+///
+/// Not an `async fn`: one keeps each argument twice in its future, the
+/// argument and the local it is moved into, and this future is boxed and
+/// resident for every request in flight.
+#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+pub fn relay(job: Job) -> impl Future<Output = Relayed> + Send {
+    async move {
+        let Some(lane) = job.lane.clone() else { return attempts(&job).await };
+        let started = Instant::now();
+        let entered = tokio::select! {
+            biased;
+            entered = lane.enter(&job.who, job.route, tokens_of(&job), job.deadline) => entered,
+            () = job.gw.closing.cancelled() => Err(GatewayError::ShuttingDown),
+        };
+        let in_lane = started.elapsed();
+        match entered {
+            Ok(pass) => {
+                let mut relayed = attempts(&job).await;
+                relayed.queue_wait += in_lane;
+                relayed.pass = Some(pass);
+                relayed
+            }
+            Err(error) => Relayed {
+                answer: Answer::Gateway(error),
+                upstream: None,
+                attempts: Vec::new(),
+                queue_wait: in_lane,
+                pass: None,
+            },
         }
-        Err(error) => Relayed {
-            answer: Answer::Gateway(error),
-            upstream: None,
-            attempts: Vec::new(),
-            queue_wait: in_lane,
-            pass: None,
-        },
     }
 }
 
-/// The attempt loop proper.
-async fn attempts(job: Job) -> Relayed {
+/// The attempt loop proper (borrowing the job [`relay`] owns: one copy
+/// of it in the request's future).
+async fn attempts(job: &Job) -> Relayed {
     let Some((_, route)) = job.gw.config.models.get_index(job.route) else {
         let error = GatewayError::UnknownModel("model has no usable target".into());
         return Relayed {
@@ -189,14 +197,14 @@ async fn attempts(job: Job) -> Relayed {
         };
     };
     let mut run = Run {
-        job: &job,
+        job,
         targets: Targets::new(&job.gw, route, job.endpoint, job.pin),
         started: Instant::now(),
         attempts: Vec::new(),
         queue_wait: Duration::ZERO,
         last: None,
     };
-    let tokens = tokens_of(&job);
+    let tokens = tokens_of(job);
     loop {
         let (ti, now) = match run.pick().await {
             Ok(picked) => picked,
@@ -333,8 +341,13 @@ impl Run<'_> {
             upstream.budget.record_request(queued_at);
         }
         self.job.progress.attempt(index);
-        let acquired = self.unless_closing(upstream.limiter.acquire(&self.job.who, tokens, self.job.deadline)).await;
-        let Some(acquired) = acquired else { return Err(self.closed(ti)) };
+        // Not through `unless_closing`: it would hold this (kilobyte)
+        // future twice, its argument and its select's copy.
+        let acquired = tokio::select! {
+            biased;
+            acquired = upstream.limiter.acquire(&self.job.who, tokens, self.job.deadline) => acquired,
+            () = self.job.gw.closing.cancelled() => return Err(self.closed(ti)),
+        };
         match acquired {
             Ok(permit) => {
                 let acquired_at = Instant::now();
@@ -473,17 +486,22 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &st
     let timeout = upstream.config.header_timeout.min(remaining);
     let rules = &upstream.config.rules;
     let now = jiff::Timestamp::now;
-    let mut req = match upstream.request(job.endpoint, body, model, job.head.stream, &job.client_headers) {
-        Ok(req) => req,
-        Err(error) => return unsent(error),
-    };
-    if let Some(trace) = &job.trace {
-        // The upstream continues this attempt's span, not the client's.
-        if let Some(parent) = trace.begin_attempt(model) {
-            req.headers_mut().insert("traceparent", parent);
+    // The request is built in a block so that it is not also kept in this
+    // future beside the copy the send future holds.
+    let sending = {
+        let mut req = match upstream.request(job.endpoint, body, model, job.head.stream, &job.client_headers) {
+            Ok(req) => req,
+            Err(error) => return unsent(error),
+        };
+        if let Some(trace) = &job.trace {
+            // The upstream continues this attempt's span, not the client's.
+            if let Some(parent) = trace.begin_attempt(model) {
+                req.headers_mut().insert("traceparent", parent);
+            }
         }
-    }
-    let sent = upstream.send(req, timeout).await;
+        upstream.send(req, timeout)
+    };
+    let sent = sending.await;
     if let Some(trace) = &job.trace {
         trace.end_attempt();
     }

@@ -106,70 +106,75 @@ pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Respo
 }
 
 /// A model endpoint's request, from arrival to the answer's head.
-pub(super) async fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
-    let protocol = endpoint.protocol();
-    let id = crate::request_id::next();
-    // One clock read for the request's arrival: its report, deadline,
-    // lane and volume count all start from it.
-    let arrived = Instant::now();
-    let mut report = Report::new(id, arrived).into(gw.sink.clone());
-    if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
-        // Shutting down: an honest 503 at once, and no keep-alive, so the
-        // client goes to another replica.
-        let error = GatewayError::ShuttingDown;
-        report.status = error.status().as_u16();
-        report.error = Some(error.to_string());
-        report.finish(Outcome::Rejected);
-        let mut response = label(error.into_response(protocol), id, None, 0);
-        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-        return response;
-    }
-    let (parts, body) = req.into_parts();
-    let mut job = match prepare(&gw, endpoint, parts, body, &mut report).await {
-        Ok(job) => job,
-        Err(error) => {
+#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl Future<Output = Response> + Send {
+    // Not an `async fn`: it would keep the request twice in this future,
+    // which lives as long as the request (see `relay::relay`).
+    async move {
+        let protocol = endpoint.protocol();
+        let id = crate::request_id::next();
+        // One clock read for the request's arrival: its report, deadline,
+        // lane and volume count all start from it.
+        let arrived = Instant::now();
+        let mut report = Report::new(id, arrived).into(gw.sink.clone());
+        if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
+            // Shutting down: an honest 503 at once, and no keep-alive, so the
+            // client goes to another replica.
+            let error = GatewayError::ShuttingDown;
             report.status = error.status().as_u16();
             report.error = Some(error.to_string());
-            if let GatewayError::Unauthorized | GatewayError::Forbidden(_) = &error {
-                report.counted_only = !gw.sink.refused(error.reason());
-            }
             report.finish(Outcome::Rejected);
-            return label(error.into_response(protocol), id, None, 0);
+            let mut response = label(error.into_response(protocol), id, None, 0);
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
         }
-    };
-    if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {
-        report.anomaly = true;
-        let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
-        if let (true, Some(lane)) = (penalised, &job.lane) {
-            // This request already goes at the penalty's priority.
-            job.who = lane.who(Some(job.who.priority), Instant::now());
+        let (parts, body) = req.into_parts();
+        let mut job = match prepare(&gw, endpoint, parts, body, &mut report).await {
+            Ok(job) => job,
+            Err(error) => {
+                report.status = error.status().as_u16();
+                report.error = Some(error.to_string());
+                if let GatewayError::Unauthorized | GatewayError::Forbidden(_) = &error {
+                    report.counted_only = !gw.sink.refused(error.reason());
+                }
+                report.finish(Outcome::Rejected);
+                return label(error.into_response(protocol), id, None, 0);
+            }
+        };
+        if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {
+            report.anomaly = true;
+            let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
+            if let (true, Some(lane)) = (penalised, &job.lane) {
+                // This request already goes at the penalty's priority.
+                job.who = lane.who(Some(job.who.priority), Instant::now());
+            }
+            if first {
+                gw.sink.metrics.anomaly(&job.who.name);
+                tracing::warn!(
+                    client = %job.who.name,
+                    count,
+                    baseline,
+                    penalised,
+                    "request volume far above this client's baseline"
+                );
+            }
         }
-        if first {
-            gw.sink.metrics.anomaly(&job.who.name);
-            tracing::warn!(
-                client = %job.who.name,
-                count,
-                baseline,
-                penalised,
-                "request volume far above this client's baseline"
-            );
-        }
-    }
-    let keepalive = if job.head.stream { gw.config.stream_keepalive_after } else { None };
-    let progress = job.progress.clone();
-    let mut relay_future: RelayFuture = Box::pin(relay::relay(job));
-    let relayed = match keepalive {
-        None => relay_future.await,
-        Some(after) => {
-            tokio::select! {
-                relayed = &mut relay_future => relayed,
-                () = tokio::time::sleep(after) => {
-                    return commit_waiting(&gw, protocol, relay_future, progress, report);
+        let keepalive = if job.head.stream { gw.config.stream_keepalive_after } else { None };
+        let progress = job.progress.clone();
+        let mut relay_future: RelayFuture = Box::pin(relay::relay(job));
+        let relayed = match keepalive {
+            None => relay_future.await,
+            Some(after) => {
+                tokio::select! {
+                    relayed = &mut relay_future => relayed,
+                    () = tokio::time::sleep(after) => {
+                        return commit_waiting(&gw, protocol, relay_future, progress, report);
+                    }
                 }
             }
-        }
-    };
-    respond(&gw, protocol, relayed, report)
+        };
+        respond(&gw, protocol, relayed, report)
+    }
 }
 
 /// The relay finished before any keep-alive: answer with its result.
@@ -253,103 +258,107 @@ fn label(mut response: Response, id: uuid::Uuid, upstream: Option<&str>, attempt
 
 /// Everything before the first upstream call: auth, body, model, route,
 /// deadline. Errors here are tidegate's own answers.
-async fn prepare(
-    gw: &Arc<Gateway>,
+#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+fn prepare<'a>(
+    gw: &'a Arc<Gateway>,
     endpoint: Endpoint,
     parts: Parts,
     body: Body,
-    report: &mut Report,
-) -> Result<Job, GatewayError> {
-    report.client = authenticate(&gw.config.client_keys, &parts.headers)
-        .map_err(|()| GatewayError::Unauthorized)?
-        .map(str::to_owned);
-    if gw.config.client_keys.is_empty() {
-        local_only(&parts.headers, &gw.config.allowed_origins).map_err(GatewayError::Forbidden)?;
-    }
-    let body = read_body(body, &parts.headers, gw.config.max_body, gw.config.body_timeout).await?;
-    let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
-    report.stream = head.stream;
-    let found = gw.config.find_route(&head.model);
-    // A configured alias is recorded as the config's shared string; a name
-    // a pattern matched, as asked.
-    report.model =
-        Some(match found.and_then(|(i, _)| gw.aliases.get(i)).filter(|a| a.as_ref() == head.model.as_str()) {
-            Some(alias) => alias.clone(),
-            None => Arc::from(head.model.as_str()),
-        });
-    let family = endpoint.protocol().family();
-    let (route, model) = match found {
-        Some((index, model)) if model.protocol == family => (index, model),
-        Some((_, model)) => {
+    report: &'a mut Report,
+) -> impl Future<Output = Result<Job, GatewayError>> + Send + 'a {
+    // Not an `async fn`: it would keep the request's head twice.
+    async move {
+        report.client = authenticate(&gw.config.client_keys, &parts.headers)
+            .map_err(|()| GatewayError::Unauthorized)?
+            .map(str::to_owned);
+        if gw.config.client_keys.is_empty() {
+            local_only(&parts.headers, &gw.config.allowed_origins).map_err(GatewayError::Forbidden)?;
+        }
+        let body = read_body(body, &parts.headers, gw.config.max_body, gw.config.body_timeout).await?;
+        let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
+        report.stream = head.stream;
+        let found = gw.config.find_route(&head.model);
+        // A configured alias is recorded as the config's shared string; a name
+        // a pattern matched, as asked.
+        report.model =
+            Some(match found.and_then(|(i, _)| gw.aliases.get(i)).filter(|a| a.as_ref() == head.model.as_str()) {
+                Some(alias) => alias.clone(),
+                None => Arc::from(head.model.as_str()),
+            });
+        let family = endpoint.protocol().family();
+        let (route, model) = match found {
+            Some((index, model)) if model.protocol == family => (index, model),
+            Some((_, model)) => {
+                return Err(GatewayError::UnknownModel(format!(
+                    "model {:?} is served by {} upstreams, not on {endpoint} ({}: {})",
+                    head.model,
+                    model.protocol,
+                    model.protocol,
+                    endpoints_of(model.protocol)
+                )));
+            }
+            None => {
+                let known: Vec<&str> = gw.config.aliases(family).collect();
+                return Err(GatewayError::UnknownModel(format!(
+                    "model {:?} is not configured on this gateway; available: {}",
+                    head.model,
+                    if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
+                )));
+            }
+        };
+        let serving = |t: &crate::config::Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
+        if !model.targets.iter().any(serving) {
+            let kinds: Vec<&str> =
+                model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
             return Err(GatewayError::UnknownModel(format!(
-                "model {:?} is served by {} upstreams, not on {endpoint} ({}: {})",
+                "model {:?} has no target that serves {endpoint} (its upstreams are {}; bedrock and vertex serve \
+                 /v1/messages only)",
                 head.model,
-                model.protocol,
-                model.protocol,
-                endpoints_of(model.protocol)
+                kinds.join(", ")
             )));
         }
-        None => {
-            let known: Vec<&str> = gw.config.aliases(family).collect();
-            return Err(GatewayError::UnknownModel(format!(
-                "model {:?} is not configured on this gateway; available: {}",
-                head.model,
-                if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
-            )));
-        }
-    };
-    let serving = |t: &crate::config::Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
-    if !model.targets.iter().any(serving) {
-        let kinds: Vec<&str> =
-            model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
-        return Err(GatewayError::UnknownModel(format!(
-            "model {:?} has no target that serves {endpoint} (its upstreams are {}; bedrock and vertex serve \
-             /v1/messages only)",
-            head.model,
-            kinds.join(", ")
-        )));
+        let deadline = deadline(model.deadline, &parts.headers, report.started)?;
+        let pin = match &head.previous_response_id {
+            Some(id) => pinned(gw, id, model).await?,
+            None => None,
+        };
+        let asked = match parts.headers.get("x-tidegate-priority") {
+            None => None,
+            Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
+                GatewayError::BadRequest(format!(
+                    "x-tidegate-priority: {:?} is not a priority (interactive or batch)",
+                    String::from_utf8_lossy(v.as_bytes())
+                ))
+            })?),
+        };
+        let lane = report.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
+        let trace = gw
+            .sink
+            .tracer
+            .as_ref()
+            .map(|_| Arc::new(crate::otel::TraceCtx::start(&parts.headers, endpoint.operation(), family.as_str())));
+        report.trace = trace.clone();
+        let who = match &lane {
+            Some(lane) => lane.who(asked, report.started),
+            None => gw.lanes.anonymous(asked.unwrap_or_default()),
+        };
+        Ok(Job {
+            gw: gw.clone(),
+            endpoint,
+            route,
+            chained: parts.headers.contains_key(HOP_HEADER),
+            head,
+            body,
+            client_headers: unpinned(parts.headers),
+            deadline,
+            progress: Arc::new(Progress::default()),
+            who,
+            lane,
+            trace,
+            resumes: relay::MAX_RESUMES,
+            pin,
+        })
     }
-    let deadline = deadline(model.deadline, &parts.headers, report.started)?;
-    let pin = match &head.previous_response_id {
-        Some(id) => pinned(gw, id, model).await?,
-        None => None,
-    };
-    let asked = match parts.headers.get("x-tidegate-priority") {
-        None => None,
-        Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
-            GatewayError::BadRequest(format!(
-                "x-tidegate-priority: {:?} is not a priority (interactive or batch)",
-                String::from_utf8_lossy(v.as_bytes())
-            ))
-        })?),
-    };
-    let lane = report.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
-    let trace = gw
-        .sink
-        .tracer
-        .as_ref()
-        .map(|_| Arc::new(crate::otel::TraceCtx::start(&parts.headers, endpoint.operation(), family.as_str())));
-    report.trace = trace.clone();
-    let who = match &lane {
-        Some(lane) => lane.who(asked, report.started),
-        None => gw.lanes.anonymous(asked.unwrap_or_default()),
-    };
-    Ok(Job {
-        gw: gw.clone(),
-        endpoint,
-        route,
-        chained: parts.headers.contains_key(HOP_HEADER),
-        head,
-        body,
-        client_headers: unpinned(parts.headers),
-        deadline,
-        progress: Arc::new(Progress::default()),
-        who,
-        lane,
-        trace,
-        resumes: relay::MAX_RESUMES,
-        pin,
-    })
 }
 
 /// The client's headers with their values copied out of hyper's read

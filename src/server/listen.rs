@@ -115,11 +115,6 @@ pub async fn serve_until<S, B>(
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs(30))
             .serve_connection(TokioIo::new(stream), service);
-        tokio::spawn(async move {
-            let _slot = slot;
-            if let Err(err) = conn.await {
-                tracing::debug!(error = %err, "connection ended with an error");
-            }
-        });
+        tokio::spawn(crate::logging::Drive { connection: conn, holding: slot, what: "client" });
     }
 }

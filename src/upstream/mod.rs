@@ -343,46 +343,51 @@ impl Upstream {
 
     /// Sends a request and waits up to `timeout` for the response headers
     /// (not the body); a Vertex request gets its access token first.
-    pub async fn send(
+    #[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+    pub fn send(
         &self,
         mut req: Request<Full<Bytes>>,
         timeout: Duration,
-    ) -> Result<Response<UpstreamBody>, SendError> {
-        let mut left = timeout;
-        if let Reach::Vertex(vertex) = &self.reach {
-            let started = tokio::time::Instant::now();
-            // Boxed: the token future (with gcp_auth's provider discovery)
-            // is kilobytes, and inline it would grow every request's
-            // future, Vertex or not.
-            let token = tokio::time::timeout(timeout, Box::pin(vertex.token()))
-                .await
-                .map_err(|_| SendError::Timeout(timeout))?
-                .map_err(SendError::Credentials)?;
-            let mut value = HeaderValue::try_from(format!("Bearer {token}"))
-                .map_err(|_| SendError::Credentials("the access token cannot be sent as a header".into()))?;
-            value.set_sensitive(true);
-            req.headers_mut().insert(header::AUTHORIZATION, value);
-            left = timeout.saturating_sub(started.elapsed());
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + Send + '_ {
+        // Not an `async fn`: that would keep the request twice in the
+        // future (see `relay::relay`).
+        async move {
+            let mut left = timeout;
+            if let Reach::Vertex(vertex) = &self.reach {
+                let started = tokio::time::Instant::now();
+                // Boxed: the token future (with gcp_auth's provider discovery)
+                // is kilobytes, and inline it would grow every request's
+                // future, Vertex or not.
+                let token = tokio::time::timeout(timeout, Box::pin(vertex.token()))
+                    .await
+                    .map_err(|_| SendError::Timeout(timeout))?
+                    .map_err(SendError::Credentials)?;
+                let mut value = HeaderValue::try_from(format!("Bearer {token}"))
+                    .map_err(|_| SendError::Credentials("the access token cannot be sent as a header".into()))?;
+                value.set_sensitive(true);
+                req.headers_mut().insert(header::AUTHORIZATION, value);
+                left = timeout.saturating_sub(started.elapsed());
+            }
+            let resp = match tokio::time::timeout(left, self.pool.send(req)).await {
+                Err(_) => return Err(SendError::Timeout(timeout)),
+                Ok(Err(err)) => return Err(SendError::Transport(err)),
+                Ok(Ok(resp)) => resp,
+            };
+            let (mut parts, incoming) = resp.into_parts();
+            let framed = matches!(self.reach, Reach::Bedrock(_))
+                && parts.status.is_success()
+                && parts
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(eventstream::CONTENT_TYPE.as_bytes()));
+            let body = if framed {
+                parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+                UpstreamBody::EventStream(Box::new(eventstream::EventStreamSse::new(incoming)))
+            } else {
+                UpstreamBody::Plain(incoming)
+            };
+            Ok(Response::from_parts(parts, body))
         }
-        let resp = match tokio::time::timeout(left, self.pool.send(req)).await {
-            Err(_) => return Err(SendError::Timeout(timeout)),
-            Ok(Err(err)) => return Err(SendError::Transport(err)),
-            Ok(Ok(resp)) => resp,
-        };
-        let (mut parts, incoming) = resp.into_parts();
-        let framed = matches!(self.reach, Reach::Bedrock(_))
-            && parts.status.is_success()
-            && parts
-                .headers
-                .get(header::CONTENT_TYPE)
-                .is_some_and(|v| v.as_bytes().starts_with(eventstream::CONTENT_TYPE.as_bytes()));
-        let body = if framed {
-            parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-            UpstreamBody::EventStream(Box::new(eventstream::EventStreamSse::new(incoming)))
-        } else {
-            UpstreamBody::Plain(incoming)
-        };
-        Ok(Response::from_parts(parts, body))
     }
 
     /// An error answer in the protocol's own shape: a cloud's error

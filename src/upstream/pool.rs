@@ -77,45 +77,55 @@ impl Pool {
 
     /// Sends `req` (an absolute URI) and returns the answer's head; its
     /// body gives the connection back when read to the end.
-    pub async fn send(self: &Arc<Self>, mut req: Request<Full<Bytes>>) -> Result<Response<PooledBody>, String> {
-        let target = req.uri().clone();
-        if !req.headers().contains_key(header::HOST)
-            && let Some(host) = &self.host
-        {
-            req.headers_mut().insert(header::HOST, host.clone());
-        }
-        // On the wire, the request line carries the path only.
-        let mut origin = http::uri::Parts::default();
-        origin.path_and_query = target.path_and_query().cloned();
-        if let Ok(path) = Uri::from_parts(origin) {
-            *req.uri_mut() = path;
-        }
-        let mut stale = 0;
-        loop {
-            let (mut conn, reused) = match self.checkout() {
-                Some(conn) if stale < STALE_TRIES => (conn, true),
-                // Boxed: connecting (DNS, TCP, TLS, handshake) is rare on
-                // a pooled upstream, and inline its future would be part of
-                // every request's.
-                _ => (Box::pin(self.connect(&target)).await?, false),
-            };
-            if conn.ready().await.is_err() {
-                stale += 1;
-                continue;
+    #[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+    pub fn send(
+        self: &Arc<Self>,
+        mut req: Request<Full<Bytes>>,
+    ) -> impl Future<Output = Result<Response<PooledBody>, String>> + Send + '_ {
+        // Not an `async fn`: that would keep the request twice in the
+        // future (see `relay::relay`).
+        async move {
+            let target = req.uri().clone();
+            if !req.headers().contains_key(header::HOST)
+                && let Some(host) = &self.host
+            {
+                req.headers_mut().insert(header::HOST, host.clone());
             }
-            match conn.try_send_request(req).await {
-                Ok(resp) => {
-                    let back = self.idle.is_some().then(|| (conn, Arc::downgrade(self)));
-                    return Ok(resp.map(|body| PooledBody::new(body, back)));
+            // On the wire, the request line carries the path only.
+            if let Ok(path) = Uri::from_parts({
+                let mut origin = http::uri::Parts::default();
+                origin.path_and_query = target.path_and_query().cloned();
+                origin
+            }) {
+                *req.uri_mut() = path;
+            }
+            let mut stale = 0;
+            loop {
+                let (mut conn, reused) = match self.checkout() {
+                    Some(conn) if stale < STALE_TRIES => (conn, true),
+                    // Boxed: connecting (DNS, TCP, TLS, handshake) is rare on
+                    // a pooled upstream, and inline its future would be part of
+                    // every request's.
+                    _ => (Box::pin(self.connect(&target)).await?, false),
+                };
+                if conn.ready().await.is_err() {
+                    stale += 1;
+                    continue;
                 }
-                Err(mut failed) => match failed.take_message() {
-                    // Not written: the upstream never saw it.
-                    Some(unsent) if reused => {
-                        req = unsent;
-                        stale += 1;
+                match conn.try_send_request(req).await {
+                    Ok(resp) => {
+                        let back = self.idle.is_some().then(|| (conn, Arc::downgrade(self)));
+                        return Ok(resp.map(|body| PooledBody::new(body, back)));
                     }
-                    _ => return Err(super::describe(failed.error())),
-                },
+                    Err(mut failed) => match failed.take_message() {
+                        // Not written: the upstream never saw it.
+                        Some(unsent) if reused => {
+                            req = unsent;
+                            stale += 1;
+                        }
+                        _ => return Err(super::describe(failed.error())),
+                    },
+                }
             }
         }
     }
@@ -166,11 +176,7 @@ impl Pool {
         let io = connector.call(target.clone()).await.map_err(|e| super::describe(&*e))?;
         let (conn, driver) =
             self.handshake.handshake(io).await.map_err(|e| format!("handshake failed: {}", super::describe(&e)))?;
-        tokio::spawn(async move {
-            if let Err(err) = driver.await {
-                tracing::debug!(error = %err, "upstream connection ended with an error");
-            }
-        });
+        tokio::spawn(crate::logging::Drive { connection: driver, holding: (), what: "upstream" });
         Ok(conn)
     }
 }
