@@ -124,6 +124,8 @@ async fn client_headers_are_forwarded_except_credentials_and_hop_by_hop() {
         .header("x-tidegate-deadline", "30s")
         .header("connection", "keep-alive, x-hop-only")
         .header("x-hop-only", "1")
+        .header("x-multi", "first")
+        .header("x-multi", "second, and more")
         .body(r#"{"model":"gpt","input":"hi"}"#)
         .send()
         .await
@@ -139,6 +141,8 @@ async fn client_headers_are_forwarded_except_credentials_and_hop_by_hop() {
     ] {
         assert_eq!(headers.get(name).and_then(|v| v.to_str().ok()), Some(value), "{name} forwarded");
     }
+    let multi: Vec<&str> = headers.get_all("x-multi").iter().map(|v| v.to_str().unwrap()).collect();
+    assert_eq!(multi, ["first", "second, and more"], "every value of a repeated header, in order");
     for name in ["cookie", "x-api-key", "x-tidegate-deadline", "x-hop-only"] {
         assert!(!headers.contains_key(name), "{name} must not be forwarded");
     }

@@ -299,6 +299,9 @@ impl Upstream {
             *req.uri_mut() = uri;
         }
         let headers = req.headers_mut();
+        // Sized once: the client's and this upstream's headers, and the
+        // few set below (growing as they come reallocated it).
+        headers.reserve(client.len() + self.config.headers.len() + 6);
         for (name, value) in client {
             if forwarded(name, client) && !(cloud && moved_to_body(name, &self.reach)) {
                 headers.append(name.clone(), value.clone());
