@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
 use std::time::Duration;
 
@@ -208,8 +208,9 @@ pub struct Journal {
     /// flush waits until the second catches up with the first.
     sent: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
-    /// Set (and the writer woken) when someone waits for the rows.
-    hurry: Arc<AtomicBool>,
+    /// How many flushes are waiting for rows (the writer is woken when one
+    /// starts): while any is, the writer commits what it has at once.
+    hurry: Arc<AtomicUsize>,
     writer: Option<std::thread::Thread>,
 }
 
@@ -232,7 +233,7 @@ impl Journal {
         let handled = done.clone();
         let generations: Generations = Arc::default();
         let names = generations.clone();
-        let hurry = Arc::new(AtomicBool::new(false));
+        let hurry = Arc::new(AtomicUsize::new(0));
         let hurried = hurry.clone();
         let spawned = std::thread::Builder::new()
             .name("tidegate-journal".into())
@@ -278,22 +279,29 @@ impl Journal {
     /// sees the requests answered before it).
     pub fn flush(&self, limit: Duration) -> bool {
         let sent = self.sent.load(Ordering::Acquire);
-        if self.done.load(Ordering::Acquire) < sent
-            && let Some(writer) = &self.writer
-        {
-            self.hurry.store(true, Ordering::Release);
+        if self.done.load(Ordering::Acquire) >= sent {
+            return true;
+        }
+        // Counted until this flush ends, not a flag the writer clears: a
+        // writer that took the flag for a batch holding only some of these
+        // rows would otherwise gather the rest for another second.
+        self.hurry.fetch_add(1, Ordering::AcqRel);
+        if let Some(writer) = &self.writer {
             writer.unpark();
         }
         let step = Duration::from_millis(5);
         let mut waited = Duration::ZERO;
+        let mut caught_up = true;
         while self.done.load(Ordering::Acquire) < sent {
             if waited >= limit {
-                return false;
+                caught_up = false;
+                break;
             }
             std::thread::sleep(step);
             waited += step;
         }
-        true
+        self.hurry.fetch_sub(1, Ordering::AcqRel);
+        caught_up
     }
 
     /// Hands a record to the writer; never blocks. Rows not yet written
@@ -440,7 +448,7 @@ fn writer(
     rx: &Receiver<Record>,
     dropped: &AtomicU64,
     done: &AtomicU64,
-    hurry: &AtomicBool,
+    hurry: &AtomicUsize,
 ) {
     let mut conn: Option<Connection> = None;
     let mut warned = false;
@@ -459,10 +467,8 @@ fn writer(
         // about once a second.
         let mut batch = vec![first];
         let mut waited = Duration::ZERO;
-        let mut connected = true;
-        while batch.len() < GATHER && waited < FLUSH_AFTER && connected && !hurry.swap(false, Ordering::AcqRel) {
-            std::thread::park_timeout(FLUSH_EVERY);
-            waited += FLUSH_EVERY;
+        loop {
+            let mut connected = true;
             while batch.len() < BATCH {
                 match rx.try_recv() {
                     Ok(row) => batch.push(row),
@@ -473,6 +479,11 @@ fn writer(
                     }
                 }
             }
+            if batch.len() >= GATHER || waited >= FLUSH_AFTER || !connected || hurry.load(Ordering::Acquire) > 0 {
+                break;
+            }
+            std::thread::park_timeout(FLUSH_EVERY);
+            waited += FLUSH_EVERY;
         }
         if conn.is_none() {
             match open(path) {
@@ -1063,5 +1074,30 @@ mod tests {
         assert!(get(&path, "not-a-uuid").unwrap().is_none());
         let (hi, _) = uuid::Uuid::parse_str(&new.id).unwrap().as_u64_pair();
         assert_eq!(newest_key(&path), hi, "ids made after a restart sort after this row");
+    }
+
+    #[test]
+    fn a_flush_never_waits_out_the_quiet_gathering() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let journal = Journal::start(&path, Retention { max_age: Duration::from_secs(3600), max_rows: 1000 });
+        let now = jiff::Timestamp::now().as_millisecond();
+        for round in 0..10 {
+            // Two rows handed over back to back and a flush at once: the
+            // writer may hold the first when the flush begins; the second
+            // must go in the same hurried commit, not wait out a second of
+            // gathering.
+            for k in 0..2 {
+                journal.record(record(&row(v7(now + round * 10 + k), now), &[]));
+            }
+            let started = tokio::time::Instant::now();
+            assert!(journal.flush(Duration::from_millis(900)), "round {round}: not flushed");
+            assert!(
+                started.elapsed() < Duration::from_millis(400),
+                "round {round}: the flush took {:?}",
+                started.elapsed()
+            );
+        }
+        assert_eq!(list(&path, &Query { limit: 100, ..Default::default() }).unwrap().len(), 20);
     }
 }
