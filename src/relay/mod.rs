@@ -259,6 +259,31 @@ async fn attempts(job: &Job) -> Relayed {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// A wait that ends early (`None`) when the shutdown grace ends; `wait`
+    /// is polled first. A type rather than an `async fn` around `select!`:
+    /// that held `wait` twice, as its argument and in the select, and the
+    /// limiter's wait is a kilobyte of every request in flight.
+    struct UnlessClosing<'a, F> {
+        #[pin]
+        wait: F,
+        #[pin]
+        closing: tokio_util::sync::WaitForCancellationFuture<'a>,
+    }
+}
+
+impl<F: Future> Future for UnlessClosing<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        if let std::task::Poll::Ready(out) = this.wait.poll(cx) {
+            return std::task::Poll::Ready(Some(out));
+        }
+        this.closing.poll(cx).map(|()| None)
+    }
+}
+
 /// One request's walk through the loop: what was tried and waited.
 struct Run<'a> {
     job: &'a Job,
@@ -270,18 +295,14 @@ struct Run<'a> {
     last: Option<(Outcome, usize)>,
 }
 
-impl Run<'_> {
+impl<'a> Run<'a> {
     fn upstream(&self, ti: usize) -> &Upstream {
         &self.job.gw.upstreams[self.targets.upstream(ti)]
     }
 
     /// Runs `wait` unless the shutdown grace ends first (`None`).
-    async fn unless_closing<T>(&self, wait: impl std::future::Future<Output = T>) -> Option<T> {
-        tokio::select! {
-            biased;
-            out = wait => Some(out),
-            () = self.job.gw.closing.cancelled() => None,
-        }
+    fn unless_closing<F: Future>(&self, wait: F) -> UnlessClosing<'a, F> {
+        UnlessClosing { wait, closing: self.job.gw.closing.cancelled() }
     }
 
     /// The answer to a request still waiting when the shutdown grace ends.
@@ -336,22 +357,16 @@ impl Run<'_> {
     async fn acquire(&mut self, ti: usize, tokens: u64, now: Instant) -> Result<(Permit, u32, Instant), Relayed> {
         let index = self.targets.upstream(ti);
         let upstream = &self.job.gw.upstreams[index];
-        let queued_at = now;
         if self.targets.first_use(ti) {
-            upstream.budget.record_request(queued_at);
+            upstream.budget.record_request(now);
         }
         self.job.progress.attempt(index);
-        // Not through `unless_closing`: it would hold this (kilobyte)
-        // future twice, its argument and its select's copy.
-        let acquired = tokio::select! {
-            biased;
-            acquired = upstream.limiter.acquire(&self.job.who, tokens, self.job.deadline) => acquired,
-            () = self.job.gw.closing.cancelled() => return Err(self.closed(ti)),
-        };
+        let acquired = self.unless_closing(upstream.limiter.acquire(&self.job.who, tokens, self.job.deadline)).await;
+        let Some(acquired) = acquired else { return Err(self.closed(ti)) };
         match acquired {
             Ok(permit) => {
                 let acquired_at = Instant::now();
-                self.queue_wait += acquired_at.saturating_duration_since(queued_at);
+                self.queue_wait += acquired_at.saturating_duration_since(now);
                 Ok((permit, upstream.limiter.in_flight(), acquired_at))
             }
             Err(refused) => {
