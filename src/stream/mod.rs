@@ -416,6 +416,7 @@ impl Body for RelayBody {
         if this.finished {
             return Poll::Ready(None);
         }
+        let send = |gathered: &mut BytesMut| Poll::Ready(Some(Ok(Frame::data(gathered.split().freeze()))));
         loop {
             let polled = this.poll_event(cx);
             // The first event goes out at once (time to first token).
@@ -426,25 +427,20 @@ impl Body for RelayBody {
                 && this.reopening.is_none();
             this.started_sending = true;
             match polled {
-                Poll::Ready(Some(Ok(frame))) if gathering && frame.is_data() => {
-                    if let Ok(data) = frame.into_data() {
-                        this.gathered.extend_from_slice(&data);
-                    }
+                Poll::Ready(Some(Ok(data))) if gathering => {
+                    this.gathered.extend_from_slice(&data);
                     this.yielded = 0;
                     if this.gathered.len() >= GATHER_MAX {
-                        return Poll::Ready(Some(Ok(Frame::data(this.gathered.split().freeze()))));
+                        return send(&mut this.gathered);
                     }
                 }
-                Poll::Ready(Some(Ok(frame))) if !this.gathered.is_empty() => {
-                    let Ok(data) = frame.into_data() else {
-                        return Poll::Ready(Some(Ok(Frame::data(this.gathered.split().freeze()))));
-                    };
+                Poll::Ready(Some(Ok(data))) if !this.gathered.is_empty() => {
                     this.gathered.extend_from_slice(&data);
-                    return Poll::Ready(Some(Ok(Frame::data(this.gathered.split().freeze()))));
+                    return send(&mut this.gathered);
                 }
                 Poll::Ready(None) if !this.gathered.is_empty() => {
                     this.finished = true;
-                    return Poll::Ready(Some(Ok(Frame::data(this.gathered.split().freeze()))));
+                    return send(&mut this.gathered);
                 }
                 Poll::Pending if !this.gathered.is_empty() => {
                     // Let the upstream connection deliver what it already
@@ -456,9 +452,9 @@ impl Body for RelayBody {
                         return Poll::Pending;
                     }
                     this.yielded = 0;
-                    return Poll::Ready(Some(Ok(Frame::data(this.gathered.split().freeze()))));
+                    return send(&mut this.gathered);
                 }
-                other => return other,
+                other => return other.map(|next| next.map(|item| item.map(Frame::data))),
             }
         }
     }
@@ -477,9 +473,10 @@ impl Body for RelayBody {
 }
 
 impl RelayBody {
-    /// The next frame as the upstream's answer gives it: whole SSE events
-    /// (or raw bytes), a synthesised last event, or the end.
-    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    /// The next bytes as the upstream's answer gives them: whole SSE events
+    /// (or raw bytes), a synthesised last event, or the end. (Only data:
+    /// an upstream's trailers are not passed on.)
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
         let this = self;
         loop {
             if let Some((reopening, why)) = this.reopening.as_mut() {
@@ -507,11 +504,11 @@ impl RelayBody {
             }
             if let Some(frame) = this.drain_events() {
                 this.first_byte();
-                return Poll::Ready(Some(Ok(Frame::data(frame))));
+                return Poll::Ready(Some(Ok(frame)));
             }
             if let Some(last) = this.last.take() {
                 this.first_byte();
-                return Poll::Ready(Some(Ok(Frame::data(last))));
+                return Poll::Ready(Some(Ok(last)));
             }
             let Some(inner) = this.inner.as_mut() else {
                 this.end();
@@ -543,7 +540,7 @@ impl RelayBody {
                                 this.inner = None;
                                 this.end();
                             }
-                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                            return Poll::Ready(Some(Ok(data)));
                         }
                     }
                 }

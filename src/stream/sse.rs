@@ -105,30 +105,30 @@ impl Scanner {
 fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> Kind {
     let text = String::from_utf8_lossy(raw);
     let mut name: Option<&str> = None;
-    // The first `data:` line apart: nearly every event has one, and then
-    // no list is needed.
-    let mut first: Option<&str> = None;
-    let mut more: Vec<&str> = Vec::new();
+    // Nearly every event has one `data:` line: borrowed, no list; a second
+    // line makes it owned, joined by newlines.
+    let mut data: Option<Cow<'_, str>> = None;
     for line in text.lines() {
         let line = line.strip_suffix('\r').unwrap_or(line);
         if let Some(v) = line.strip_prefix("event:") {
             name = Some(v.trim());
         } else if let Some(v) = line.strip_prefix("data:") {
             let v = v.strip_prefix(' ').unwrap_or(v);
-            match first {
-                None => first = Some(v),
-                Some(_) => more.push(v),
-            }
+            data = Some(match data.take() {
+                None => Cow::Borrowed(v),
+                Some(mut joined) => {
+                    let owned = joined.to_mut();
+                    owned.push('\n');
+                    owned.push_str(v);
+                    joined
+                }
+            });
         }
     }
-    let data: Cow<'_, str> = match first {
+    let data = match data {
         None if name.is_none() => return Kind::KeepAlive,
         None => Cow::Borrowed(""),
-        Some(only) if more.is_empty() => Cow::Borrowed(only),
-        Some(line) => {
-            more.insert(0, line);
-            Cow::Owned(more.join("\n"))
-        }
+        Some(data) => data,
     };
     let kind = protocol.inspect(name, &data, seen, text_cap);
     match kind {
