@@ -466,9 +466,11 @@ async fn read_body(body: Body, headers: &HeaderMap, max: usize, limit: Duration)
                 }
                 continue;
             }
-            match first.take() {
-                None if frames.is_empty() => first = Some(data),
-                earlier => frames.extend(earlier.into_iter().chain([data])),
+            if first.is_none() && frames.is_empty() {
+                first = Some(data);
+            } else {
+                frames.extend(first.take());
+                frames.push(data);
             }
         }
         if too_large {
