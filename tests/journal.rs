@@ -32,6 +32,16 @@ async fn rows(gw: &tidegate::server::Running, want: usize) -> Vec<Value> {
     panic!("journal never reached {want} rows");
 }
 
+/// A gateway journaling to `journal.db` in the returned directory, with
+/// admin key `adm`, in front of a plain simulator.
+async fn journaled() -> (tempfile::TempDir, tidegate::simulate::Simulator, tidegate::server::Running) {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = sim(&[]);
+    let top = format!("journal: {}\nadmin_key: adm", dir.path().join("journal.db").display());
+    let gw = gateway(&yaml(&sim, &top, "", "")).await;
+    (dir, sim, gw)
+}
+
 fn find<'a>(rows: &'a [Value], model: &str) -> &'a Value {
     rows.iter().find(|r| r["model"] == model).unwrap_or_else(|| panic!("no row for {model}: {rows:?}"))
 }
@@ -232,11 +242,7 @@ async fn a_flood_from_one_key_is_flagged_steady_traffic_is_not() {
 async fn a_burst_is_journaled_row_for_row_under_the_ids_clients_were_given() {
     // Ids made in the same millisecond must stay distinct row keys: a
     // collision would silently replace a row.
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("journal.db");
-    let sim = sim(&[]);
-    let top = format!("journal: {}\nadmin_key: adm", db.display());
-    let gw = gateway(&yaml(&sim, &top, "", "")).await;
+    let (_dir, _sim, gw) = journaled().await;
     let sends = (0..300).map(|_| {
         let req = client()
             .post(url(&gw, "/v1/chat/completions"))
@@ -317,11 +323,8 @@ async fn a_quiet_gateway_commits_rarely_yet_a_read_sees_every_answered_request()
     // The writer gathers rows for up to a second before a commit (the
     // commit's fixed cost dominated at low rates); the admin API hurries it,
     // so what was answered is there at the first read, with no polling.
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, _sim, gw) = journaled().await;
     let db = dir.path().join("journal.db");
-    let sim = sim(&[]);
-    let top = format!("journal: {}\nadmin_key: adm", db.display());
-    let gw = gateway(&yaml(&sim, &top, "", "")).await;
     let body = r#"{"model":"gpt","messages":[{"role":"user","content":"hi"}]}"#;
     let mut ids = Vec::new();
     for _ in 0..3 {
