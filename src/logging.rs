@@ -53,15 +53,26 @@ where
     }
 }
 
-/// A logged value a client chose (a model name, a path): control
-/// characters are written escaped (`\n` as `\u{a}`), so no value can
-/// forge a log line or make the log binary.
+/// A value a client or provider chose (a model name, a path, an error
+/// message), written for a person to read — the log, `tidegate log`,
+/// `tidegate check`: control characters (C0, DEL, C1: escape sequences,
+/// NUL, BEL, CR, newlines) and the invisible characters that reorder or
+/// split a terminal line (bidirectional overrides and isolates, zero-width
+/// marks, line and paragraph separators) are written escaped (`\n` as
+/// `\u{a}`), so no value can forge a line, recolour or retitle a terminal,
+/// or make the output binary.
 pub struct Clean<'a>(pub &'a str);
+
+/// Whether `c` is written escaped by [`Clean`].
+fn unsafe_to_show(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+}
 
 impl std::fmt::Display for Clean<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut rest = self.0;
-        while let Some(at) = rest.find(char::is_control) {
+        while let Some(at) = rest.find(unsafe_to_show) {
             f.write_str(&rest[..at])?;
             let c = rest[at..].chars().next().unwrap_or('\0');
             write!(f, "{}", c.escape_unicode())?;
@@ -229,5 +240,7 @@ mod clean_tests {
     fn control_characters_are_escaped() {
         assert_eq!(Clean("gpt\nrequest id=forged\u{0}").to_string(), "gpt\\u{a}request id=forged\\u{0}");
         assert_eq!(Clean("plain-model é").to_string(), "plain-model é");
+        assert_eq!(Clean("a\u{1b}[2J\u{7}\rb").to_string(), "a\\u{1b}[2J\\u{7}\\u{d}b");
+        assert_eq!(Clean("x\u{202e}gpj.exe\u{2028}y\u{9b}").to_string(), "x\\u{202e}gpj.exe\\u{2028}y\\u{9b}");
     }
 }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tidegate::config::{Config, DEFAULT_CONFIG};
+use tidegate::logging::Clean;
 use tidegate::simulate::{SimConfig, Simulator};
 
 #[derive(Parser)]
@@ -133,8 +134,10 @@ fn check(path: &Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(err) => {
+            // A problem quotes what the file (or an environment variable
+            // it names) says: escaped, like every value a person reads.
             for problem in err.problems() {
-                eprintln!("{}: {problem}", path.display());
+                eprintln!("{}: {}", path.display(), Clean(&problem.to_string()));
             }
             ExitCode::from(2)
         }
@@ -174,21 +177,25 @@ fn log(
         "{:<20} {:<10} {:>6} {:<18} {:<10} {:>8} {:>9}  {:<16} error / partial",
         "time (UTC)", "outcome", "status", "model", "client", "attempts", "total ms", "upstreams"
     );
+    // Model names and error texts come from clients and providers: every
+    // text field is escaped before it reaches the operator's terminal.
+    let clean = |text: Option<&str>| Clean(text.unwrap_or("-")).to_string();
     for r in &rows {
         let time = jiff::Timestamp::from_millisecond(r.ts_ms).map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string());
         let mut note =
             r.partial.as_ref().map(|p| format!("partial: {} chars · ", p.chars().count())).unwrap_or_default();
         note.extend(r.error.iter().flat_map(|e| e.chars().take(80)));
         println!(
-            "{:<20} {:<10} {:>6} {:<18} {:<10} {:>8} {:>9.1}  {:<16} {note}",
+            "{:<20} {:<10} {:>6} {:<18} {:<10} {:>8} {:>9.1}  {:<16} {}",
             time.unwrap_or_default(),
-            r.outcome,
+            clean(Some(&r.outcome)),
             r.status,
-            r.model.as_deref().unwrap_or("-"),
-            r.client.as_deref().unwrap_or("-"),
+            clean(r.model.as_deref()),
+            clean(r.client.as_deref()),
             r.n_attempts,
             r.total_ms,
-            r.targets,
+            clean(Some(&r.targets)),
+            Clean(&note),
         );
     }
     eprintln!("{} request(s) from {}", rows.len(), path.display());

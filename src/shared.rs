@@ -94,8 +94,8 @@ return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[2]), ARGV[1])
 const GCRA: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cost = tonumber(ARGV[1]) * tonumber(ARGV[2])
-local burst = math.max(tonumber(ARGV[3]), cost)
+local burst = tonumber(ARGV[3])
+local cost = math.min(tonumber(ARGV[1]) * tonumber(ARGV[2]), burst)
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
 local new = tat + cost
@@ -103,13 +103,16 @@ redis.call('SET', KEYS[1], new, 'PX', math.ceil(new - now + burst) + 1)
 return math.max(0, math.ceil(new - burst - now))
 ";
 
-/// GCRA adjust: ARGV delta units (may be negative), interval (ms per unit).
+/// GCRA adjust: ARGV delta units (may be negative), interval (ms per unit),
+/// burst (ms): a correction moves the bucket by at most one period.
 const GCRA_ADJUST: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tat = tonumber(redis.call('GET', KEYS[1]))
 if not tat then return 0 end
-local new = math.max(now, tat + tonumber(ARGV[1]) * tonumber(ARGV[2]))
+local burst = tonumber(ARGV[3])
+local step = math.max(-burst, math.min(burst, tonumber(ARGV[1]) * tonumber(ARGV[2])))
+local new = math.max(now, tat + step)
 redis.call('SET', KEYS[1], new, 'KEEPTTL')
 return 1
 ";
@@ -474,7 +477,8 @@ impl SharedState {
         let keys = self.upstreams.get(upstream)?;
         let interval = period.as_secs_f64() * 1000.0 / limit.max(1) as f64;
         let mut inv = self.scripts.gcra.prepare_invoke();
-        inv.key(keys.rate(what)).arg(cost).arg(interval).arg(period.as_millis() as u64);
+        // Never more than the bucket holds (the script bounds it too).
+        inv.key(keys.rate(what)).arg(cost.min(limit)).arg(interval).arg(period.as_millis() as u64);
         self.call::<u64>(inv).await.map(Duration::from_millis)
     }
 
@@ -483,7 +487,7 @@ impl SharedState {
         let Some(keys) = self.upstreams.get(upstream) else { return };
         let interval = period.as_secs_f64() * 1000.0 / limit.max(1) as f64;
         let mut inv = self.scripts.gcra_adjust.prepare_invoke();
-        inv.key(keys.rate(what)).arg(delta).arg(interval);
+        inv.key(keys.rate(what)).arg(delta).arg(interval).arg(period.as_millis() as u64);
         let _ = self.call::<i64>(inv).await;
     }
 

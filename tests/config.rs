@@ -269,3 +269,23 @@ fn client_lanes_inherit_defaults_and_every_mistake_names_its_field() {
     let clash = VALID.replace("name: a,", "name: \"client:a\",").replace("upstream: a,", "upstream: \"client:a\",");
     assert!(problems(&clash).iter().any(|x| x.contains("must not start with client:")));
 }
+
+/// `tidegate check` quotes names from the file (and from environment
+/// variables it names): escaped, so a config cannot put control sequences
+/// on the terminal of whoever checks it.
+#[test]
+fn check_escapes_what_it_quotes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("t.yaml");
+    std::fs::write(
+        &config,
+        "journal: \"off\"\nupstreams: [{ name: u, protocol: openai, base_url: \"http://127.0.0.1:9/v1\" }]\nmodels: { m: { targets: [{ upstream: \"nope\\e[2J\\a\\r\\nforged: ok\" }] } }\n",
+    )
+    .unwrap();
+    let out = bin().args(["check", "--config"]).arg(&config).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("unknown upstream"), "{stderr}");
+    assert!(!stderr.chars().any(|c| c.is_control() && c != '\n'), "{stderr:?}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}

@@ -327,3 +327,135 @@ async fn a_gzip_error_body_is_read_as_text() {
     assert_eq!(status, 400);
     assert!(text.contains("Invalid model parameter"), "{text}");
 }
+
+/// A token estimate no bucket can hold (`max_tokens` 4e9 while the request
+/// runs, and 1e19 answered 400 by the provider) reserves at most a
+/// minute's tokens and gives them back exactly: another key's request to
+/// the same upstream is served, not answered 504 at once.
+#[tokio::test]
+async fn one_keys_huge_max_tokens_cannot_lock_other_keys_out() {
+    let slow = tidegate::simulate::Behavior { latency_ms: 1500, ..Default::default() };
+    let refused = tidegate::simulate::Behavior {
+        status: Some(400),
+        error_body: r#"{"error":{"message":"max_tokens is too large","type":"invalid_request_error"}}"#.into(),
+        ..Default::default()
+    };
+    let sim = sim(&[("real-slow", slow), ("real-bad", refused)]);
+    let top = "client_keys: [{ name: a, key: key-a }, { name: b, key: key-b }]";
+    let models = "  slow:\n    targets: [{ upstream: sim-openai, model: real-slow }]\n  bad:\n    targets: [{ upstream: sim-openai, model: real-bad }]";
+    let gw = gateway(&yaml(&sim, top, "    tpm: 60000", models)).await;
+    let ask = |key: &'static str, body: String| {
+        let url = url(&gw, "/v1/chat/completions");
+        async move {
+            let started = Instant::now();
+            let resp = client()
+                .post(url)
+                .bearer_auth(key)
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{key} {body}: {e:?}"));
+            (resp.status().as_u16(), started.elapsed())
+        }
+    };
+    let normal = r#"{"model":"gpt","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#.to_string();
+    // 1e19 (beyond i64) answered 400 by the provider: its refund must not
+    // become a second charge.
+    let bad = r#"{"model":"bad","max_tokens":10000000000000000000,"messages":[{"role":"user","content":"x"}]}"#;
+    assert_eq!(ask("key-a", bad.to_string()).await.0, 400);
+    let (status, took) = ask("key-b", normal.clone()).await;
+    assert_eq!(status, 200, "after a refused 1e19-token request, another key was refused");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // 4e9 while it runs: the other key waits for its own tokens only.
+    let huge = r#"{"model":"slow","max_tokens":4000000000,"messages":[{"role":"user","content":"x"}]}"#;
+    let running = tokio::spawn(ask("key-a", huge.to_string()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, took) = ask("key-b", normal.clone()).await;
+    assert_eq!(status, 200, "while a 4e9-token request ran, another key was refused");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_eq!(running.await.unwrap().0, 200);
+    // And the largest number JSON can carry as an integer.
+    let max = format!(r#"{{"model":"bad","max_tokens":{},"messages":[]}}"#, u64::MAX);
+    assert_eq!(ask("key-a", max).await.0, 400);
+    assert_eq!(ask("key-b", normal).await.0, 200);
+}
+
+/// Reads one HTTP/1 answer's head and body (content-length framed) from
+/// `conn`, within 10 s.
+async fn read_answer(conn: &mut tokio::net::TcpStream) -> String {
+    let mut answer = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = [0u8; 8192];
+    while Instant::now() < deadline {
+        let Ok(Ok(n)) = tokio::time::timeout_at(deadline, conn.read(&mut buf)).await else { break };
+        answer.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&answer);
+        if n == 0 {
+            break;
+        }
+        if let Some(head_end) = text.find("\r\n\r\n") {
+            let length = text[..head_end]
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .and_then(|v| v.parse::<usize>().ok());
+            if length.is_some_and(|len| answer.len() >= head_end + 4 + len) {
+                break;
+            }
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A wrong key (and a foreign page, an unknown path) with a body far
+/// larger than socket buffers: the client can send all of it and then
+/// reads the refusal (no reset), and the connection serves the next
+/// request. With `Expect: 100-continue` the refusal comes before the body.
+#[tokio::test]
+async fn early_refusals_let_the_client_finish_sending_and_read_them() {
+    let sim = sim(&[]);
+    let gw = gateway(&yaml(&sim, "client_keys: [{ name: real, key: real-key }]", "", "")).await;
+    let big = 24 * 1024 * 1024;
+    for (path, key, status) in
+        [("/v1/chat/completions", "wrong", "401"), ("/v1/messages", "wrong", "401"), ("/v1/nowhere", "real-key", "404")]
+    {
+        let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {key}\r\ncontent-type: application/json\r\ncontent-length: {big}\r\n\r\n"
+        );
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let chunk = vec![b' '; 256 * 1024];
+        for i in 0..big / chunk.len() {
+            conn.write_all(&chunk).await.unwrap_or_else(|e| panic!("{path}: write {i} of the body failed: {e}"));
+        }
+        let answer = read_answer(&mut conn).await;
+        assert!(answer.starts_with(&format!("HTTP/1.1 {status}")), "{path}: {answer}");
+        // The same connection serves the next request.
+        let body = r#"{"model":"gpt","messages":[{"role":"user","content":"hi"}]}"#;
+        let next = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer real-key\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(next.as_bytes()).await.unwrap();
+        let answer = read_answer(&mut conn).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}, next request: {answer}");
+    }
+    // Expect: 100-continue: the 401 at once, no `100 Continue` inviting the body.
+    let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer wrong\r\nexpect: 100-continue\r\ncontent-length: {big}\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let answer = read_answer(&mut conn).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // reqwest with the large body and a wrong key reads the 401 too.
+    let resp = client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .bearer_auth("wrong")
+        .body(vec![b'x'; big])
+        .send()
+        .await
+        .expect("the client saw a connection error instead of the 401");
+    assert_eq!(resp.status(), 401);
+}

@@ -348,3 +348,43 @@ async fn a_quiet_gateway_commits_rarely_yet_a_read_sees_every_answered_request()
     let one = admin_get(&gw, &format!("/admin/requests/{}", ids[2])).await;
     assert_eq!(one["id"], ids[2]);
 }
+
+/// A client's model name and a provider's error text reach the journal as
+/// sent; `tidegate log` shows them escaped: no escape sequence, bell, NUL,
+/// carriage return or forged line reaches the operator's terminal.
+#[tokio::test]
+async fn tidegate_log_escapes_what_clients_and_providers_wrote() {
+    let hostile_error = "bad\u{1b}]0;owned\u{7} request\u{8}\u{8}\u{0} forged";
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.db");
+    // A provider at capacity until the deadline, its message JSON-escaped
+    // (tidegate decodes it to summarise it in its own answer).
+    let body = serde_json::json!({ "error": { "message": hostile_error, "type": "server_error" } });
+    let busy = Behavior { status: Some(503), error_body: body.to_string(), ..Default::default() };
+    let sim = sim(&[("real-bad", busy)]);
+    let top = format!("journal: {}\nadmin_key: adm", db.display());
+    let models = "  bad:\n    targets: [{ upstream: sim-openai, model: real-bad }]\n    deadline: 300ms";
+    let gw = gateway(&yaml(&sim, &top, "", models)).await;
+    let model = "gpt\u{1b}[2J\u{1b}[31m\u{0}\u{7}\r\n2026-01-01 00:00:00 completed    200 forged\u{202e}";
+    let request = serde_json::json!({ "model": model, "messages": [] });
+    assert_eq!(post(&gw, "/v1/chat/completions", &request.to_string()).await.status(), 404);
+    let request = serde_json::json!({ "model": "bad", "messages": [] });
+    let resp = post(&gw, "/v1/chat/completions", &request.to_string()).await;
+    assert!(resp.status().is_server_error(), "{}", resp.status());
+    let stored = rows(&gw, 2).await;
+    assert!(stored.iter().any(|r| r["model"] == model), "the journal keeps the name as sent: {stored:?}");
+    drop(gw);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
+        .args(["log", "--journal"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(out.stdout).unwrap();
+    let unsafe_char = table.chars().find(|&c| (c.is_control() && c != '\n') || c == '\u{202e}');
+    assert_eq!(unsafe_char, None, "{table:?}");
+    assert_eq!(table.lines().count(), 3, "a header and two rows, no forged line: {table}");
+    assert!(table.contains("\\u{1b}[2J") && table.contains("\\u{7}"), "{table}");
+    let provider = stored.iter().find(|r| r["model"] == "bad").unwrap();
+    assert!(provider["error"].as_str().unwrap().contains('\u{1b}'), "the provider's text is kept as sent: {provider}");
+}

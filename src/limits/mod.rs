@@ -149,11 +149,16 @@ pub struct Permit {
 
 impl Permit {
     /// Corrects the token reservation with the usage the upstream reported.
+    /// Both numbers are bounded by the bucket first, and the difference
+    /// is exact (`gcra::correction`), so a request refused by the provider
+    /// (`used_tokens` 0) gives back exactly what it reserved, whatever
+    /// number it asked for.
     pub fn settle(&mut self, used_tokens: u64) {
         if let Some(tpm) = &self.limiter.tpm {
-            let delta = used_tokens as i64 - self.tokens as i64;
+            let used = tpm.bounded(used_tokens);
+            let delta = gcra::correction(self.tokens, used, u64::MAX);
             tpm.adjust(delta, Instant::now());
-            self.tokens = used_tokens;
+            self.tokens = used;
             if let (Some(shared), Some(limit)) = (&self.limiter.shared, self.limiter.config.tpm)
                 && delta != 0
                 && shared.state.is_up()
@@ -176,6 +181,36 @@ impl Drop for Permit {
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
+
+/// A rate reservation not yet used by a slot: a request refused at its
+/// deadline, shed by a full queue or abandoned by its client while it
+/// waited gives its request and tokens back when this drops, so waiting
+/// and refused requests do not push everyone else's turn further out.
+struct RateHold<'a> {
+    limiter: &'a Limiter,
+    tokens: u64,
+    /// Per bucket (rpm, tpm): reserved, and whether in the shared store.
+    reserved: [Option<bool>; 2],
+}
+
+impl RateHold<'_> {
+    /// The request holds a slot now: its reservation stays (the permit
+    /// settles the tokens with the real usage).
+    fn keep(mut self) {
+        self.reserved = [None; 2];
+    }
+}
+
+impl Drop for RateHold<'_> {
+    fn drop(&mut self) {
+        let costs = [(Bucket::Rpm, 1), (Bucket::Tpm, self.tokens)];
+        for (reserved, (what, cost)) in self.reserved.iter().zip(costs) {
+            if let Some(shared_store) = *reserved {
+                self.limiter.unreserve(what, cost, shared_store);
+            }
+        }
+    }
+}
 
 /// Removes a waiter that gave up (deadline, client gone) from the queue.
 struct QueueSpot<'a> {
@@ -267,19 +302,47 @@ impl Limiter {
         self.shared.as_ref().is_some_and(|s| s.state.is_up())
     }
 
-    async fn rate_wait(&self, tokens: u64, now: Instant) -> Duration {
+    /// Reserves one request and `tokens` from the rate buckets (shared
+    /// ones while the store answers) and says how long to wait for them.
+    /// The reservation is returned by the [`RateHold`]'s drop unless the
+    /// request goes on to hold a slot.
+    async fn rate_wait(&self, tokens: u64, now: Instant) -> (Duration, RateHold<'_>) {
         let mut wait = Duration::ZERO;
-        for (what, bucket, limit, cost) in
+        let mut hold = RateHold { limiter: self, tokens, reserved: [None; 2] };
+        for (i, (what, bucket, limit, cost)) in
             [(Bucket::Rpm, &self.rpm, self.config.rpm, 1), (Bucket::Tpm, &self.tpm, self.config.tpm, tokens)]
+                .into_iter()
+                .enumerate()
         {
             let (Some(bucket), Some(limit)) = (bucket, limit) else { continue };
             let shared = match &self.shared {
                 Some(s) => s.state.reserve(&s.upstream, what, cost, limit, MINUTE).await,
                 None => None,
             };
+            hold.reserved[i] = Some(shared.is_some());
             wait = wait.max(shared.unwrap_or_else(|| bucket.reserve(cost, now)));
         }
-        wait
+        (wait, hold)
+    }
+
+    /// Gives back a rate reservation that was never used (see [`RateHold`]).
+    fn unreserve(&self, what: Bucket, cost: u64, shared_store: bool) {
+        let (bucket, limit) = match what {
+            Bucket::Rpm => (&self.rpm, self.config.rpm),
+            Bucket::Tpm => (&self.tpm, self.config.tpm),
+        };
+        let (Some(bucket), Some(limit)) = (bucket, limit) else { return };
+        let delta = gcra::correction(cost, 0, limit);
+        if !shared_store {
+            bucket.adjust(delta, Instant::now());
+            return;
+        }
+        if let Some(shared) = &self.shared {
+            let (state, upstream) = (shared.state.clone(), shared.upstream.clone());
+            self.tasks.spawn(async move {
+                state.adjust(&upstream, what, delta, limit, MINUTE).await;
+            });
+        }
     }
 
     /// Current state for the admin API and metrics.
@@ -294,7 +357,12 @@ impl Limiter {
     /// Waits for the rate buckets and a slot, in turn with other clients,
     /// until `deadline`; with shared state, then for a shared lease too.
     /// Cancel-safe: dropping the future leaves the queues.
+    ///
+    /// `tokens` is a client's estimate (its `max_tokens` and body): it is
+    /// bounded by the tpm bucket (see [`gcra::Gcra::bounded`]) before
+    /// anything is reserved, here and in the shared store alike.
     pub async fn acquire(self: &Arc<Self>, who: &Who, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
+        let tokens = self.tpm.as_ref().map_or(0, |tpm| tpm.bounded(tokens));
         let started = Instant::now();
         let mut permit = self.acquire_local(who, tokens, deadline).await?;
         // Only a counted limit has leases to share (rate buckets are
@@ -314,6 +382,8 @@ impl Limiter {
             }
             SharedSlot::Unavailable => Ok(permit),
             SharedSlot::Deadline => {
+                // Nothing was sent: the tokens come back whole.
+                permit.settle(0);
                 drop(permit);
                 Err(Refused::Deadline { waited: started.elapsed(), retry_after: Duration::from_secs(1) })
             }
@@ -322,7 +392,7 @@ impl Limiter {
 
     async fn acquire_local(self: &Arc<Self>, who: &Who, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
         let started = Instant::now();
-        let wait = self.rate_wait(tokens, started).await;
+        let (wait, hold) = self.rate_wait(tokens, started).await;
         if !wait.is_zero() {
             if started + wait >= deadline {
                 return Err(Refused::Deadline { waited: Duration::ZERO, retry_after: wait });
@@ -336,6 +406,7 @@ impl Limiter {
             if q.fair.is_empty()
                 && let Some(lease) = self.slots.try_take(self.effective_limit())
             {
+                hold.keep();
                 return Ok(Permit { limiter: self.clone(), lease: Some(lease), shared: None, tokens });
             }
             if q.fair.len() >= self.config.max_queue {
@@ -352,6 +423,7 @@ impl Limiter {
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(mut permit)) => {
                 drop(spot);
+                hold.keep();
                 permit.tokens = tokens;
                 Ok(permit)
             }
@@ -550,6 +622,30 @@ mod tests {
         let p = l.acquire(&Who::plain("a"), 1, started + Duration::from_secs(120)).await.unwrap();
         assert!(started.elapsed() >= Duration::from_secs(45));
         drop(p);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_clients_huge_token_estimate_cannot_lock_out_the_rest() {
+        let l = Limiter::new(LimitConfig { tpm: Some(60_000), ..Default::default() });
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs(120);
+        let mut huge = l.acquire(&Who::plain("a"), u64::MAX, deadline).await.unwrap();
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+        assert_eq!(l.rate_used().1, Some(60_000), "bounded by the bucket");
+        // Another client waits for its own tokens to drain, not for 50 days.
+        let other = l.acquire(&Who::plain("b"), 1_000, deadline).await.unwrap();
+        assert!(t0.elapsed() <= Duration::from_secs(2), "{:?}", t0.elapsed());
+        drop(other);
+        // A request refused at its deadline gives its reservation back.
+        let before = l.rate_used().1.unwrap();
+        let short = Instant::now() + Duration::from_millis(10);
+        assert!(l.acquire(&Who::plain("c"), 50_000, short).await.is_err());
+        assert!(l.rate_used().1.unwrap() <= before, "a refused reservation stayed in the bucket");
+        // The provider refused the huge one: all of it comes back.
+        huge.settle(0);
+        drop(huge);
+        let used = l.rate_used().1.unwrap();
+        assert!(used <= 1_000, "{used} tokens still held after the refund");
     }
 
     #[tokio::test]

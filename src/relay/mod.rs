@@ -142,7 +142,9 @@ enum Attempt {
 /// Tokens a request reserves from tpm buckets before its usage is known.
 fn tokens_of(job: &Job) -> u64 {
     if job.endpoint.spends_tokens() {
-        job.head.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) + job.body.len() as u64 / 4
+        // Client-supplied: added without overflow (the limiters then bound
+        // it by what their buckets hold).
+        job.head.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).saturating_add(job.body.len() as u64 / 4)
     } else {
         0
     }
@@ -210,7 +212,7 @@ async fn attempts(job: &Job) -> Relayed {
             Ok(picked) => picked,
             Err(stop) => return stop,
         };
-        let (permit, held, now) = match run.acquire(ti, tokens, now).await {
+        let (mut permit, held, now) = match run.acquire(ti, tokens, now).await {
             Ok(acquired) => acquired,
             Err(stop) => return stop,
         };
@@ -226,6 +228,9 @@ async fn attempts(job: &Job) -> Relayed {
             }
         };
         // Give the slot back before any wait: others may use it meanwhile.
+        // A refused attempt generated nothing: its token estimate comes
+        // back whole (a retried request reserves again for its next try).
+        permit.settle(0);
         drop(permit);
         run.feed_back(ti, &outcome, held);
         let decision = run.decide(ti, &outcome);

@@ -7,12 +7,11 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, header, request::Parts};
-use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::auth::{authenticate, local_only};
+use super::body;
 use crate::anomaly::Verdict;
 use crate::config::ModelRoute;
 use crate::error::GatewayError;
@@ -93,6 +92,8 @@ pub async fn root() -> &'static str {
 pub async fn fallback(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let protocol = protocol_of(req.headers());
     let error = GatewayError::NoRoute(format!("{} {}", req.method(), req.uri().path()));
+    let (parts, body) = req.into_parts();
+    body::discard(body, &parts.headers, gw.config.body_timeout).await;
     gw.sink.refused(error.reason());
     label(error.into_response(protocol), crate::request_id::next(), None, 0)
 }
@@ -101,6 +102,8 @@ pub async fn fallback(State(gw): State<Arc<Gateway>>, req: Request) -> Response 
 pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let protocol = protocol_of(req.headers());
     let error = GatewayError::WrongMethod(format!("{} {}", req.method(), req.uri().path()));
+    let (parts, body) = req.into_parts();
+    body::discard(body, &parts.headers, gw.config.body_timeout).await;
     gw.sink.refused(error.reason());
     label(error.into_response(protocol), crate::request_id::next(), None, 0)
 }
@@ -121,6 +124,8 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
             // Shutting down: an honest 503 at once, and no keep-alive, so the
             // client goes to another replica.
             let error = GatewayError::ShuttingDown;
+            let (parts, body) = req.into_parts();
+            body::discard(body, &parts.headers, gw.config.body_timeout).await;
             report.status = error.status().as_u16();
             report.error = Some(error.to_string());
             report.finish(Outcome::Rejected);
@@ -268,13 +273,21 @@ fn prepare<'a>(
 ) -> impl Future<Output = Result<Job, GatewayError>> + Send + 'a {
     // Not an `async fn`: it would keep the request's head twice.
     async move {
-        report.client = authenticate(&gw.config.client_keys, &parts.headers)
-            .map_err(|()| GatewayError::Unauthorized)?
-            .map(str::to_owned);
-        if gw.config.client_keys.is_empty() {
-            local_only(&parts.headers, &gw.config.allowed_origins).map_err(GatewayError::Forbidden)?;
+        let admitted = match authenticate(&gw.config.client_keys, &parts.headers) {
+            Ok(name) if !gw.config.client_keys.is_empty() => Ok(name),
+            Ok(name) => {
+                local_only(&parts.headers, &gw.config.allowed_origins).map(|()| name).map_err(GatewayError::Forbidden)
+            }
+            Err(()) => Err(GatewayError::Unauthorized),
+        };
+        match admitted {
+            Ok(name) => report.client = name.map(str::to_owned),
+            Err(refused) => {
+                body::discard(body, &parts.headers, gw.config.body_timeout).await;
+                return Err(refused);
+            }
         }
-        let body = read_body(body, &parts.headers, gw.config.max_body, gw.config.body_timeout).await?;
+        let body = body::read(body, &parts.headers, gw.config.max_body, gw.config.body_timeout).await?;
         let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
         report.stream = head.stream;
         let found = gw.config.find_route(&head.model);
@@ -424,71 +437,6 @@ fn deadline(route_deadline: Duration, headers: &HeaderMap, arrived: Instant) -> 
     };
     let budget = asked.map_or(route_deadline, |d| d.min(route_deadline));
     Ok(arrived + budget)
-}
-
-/// Request bodies up to this size are copied out of hyper's read buffer
-/// (see [`unpinned`]); a larger one filled buffers of its own.
-const PINNED_COPY_MAX: usize = 16 * 1024;
-
-/// Most bytes of an oversized body read (and thrown away) before the 413
-/// is sent: a client still sending when the connection closes gets a reset
-/// instead of the answer — async HTTP clients (httpx's `AsyncClient`, so
-/// `AsyncOpenAI`) then report a connection error and upload it all again.
-const DISCARD_AT_MOST: usize = 256 * 1024 * 1024;
-
-/// Reads the whole request body, refusing more than `max` bytes, within
-/// `limit` (a client trickling its body cannot hold a request open). An
-/// oversized body is read to its end (up to [`DISCARD_AT_MOST`]) and
-/// dropped, so the client reads the 413 instead of a reset connection.
-async fn read_body(body: Body, headers: &HeaderMap, max: usize, limit: Duration) -> Result<Bytes, GatewayError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    let read = async {
-        let mut body = body;
-        // Frames are kept as they arrive: a body in one frame (the usual
-        // case) is passed on without a copy or a list.
-        let mut first: Option<Bytes> = None;
-        let mut frames: Vec<Bytes> = Vec::new();
-        let mut seen = 0usize;
-        let mut too_large = declared.is_some_and(|n| n > max as u64);
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| GatewayError::BadRequest(format!("could not read the request body: {e}")))?;
-            let Ok(data) = frame.into_data() else { continue };
-            seen += data.len();
-            if seen > max {
-                too_large = true;
-                first = None;
-                frames.clear();
-            }
-            if too_large {
-                if seen > DISCARD_AT_MOST {
-                    break;
-                }
-                continue;
-            }
-            if first.is_none() && frames.is_empty() {
-                first = Some(data);
-            } else {
-                frames.extend(first.take());
-                frames.push(data);
-            }
-        }
-        if too_large {
-            return Err(GatewayError::TooLarge { limit: max });
-        }
-        Ok(match first {
-            // Like the headers (see `unpinned`), a small body is copied
-            // out of hyper's read buffer.
-            Some(only) if only.len() <= PINNED_COPY_MAX => Bytes::copy_from_slice(&only),
-            Some(only) => only,
-            None if frames.is_empty() => Bytes::new(),
-            None => Bytes::from(frames.concat()),
-        })
-    };
-    match tokio::time::timeout(limit, read).await {
-        Ok(result) => result,
-        Err(_) => Err(GatewayError::BodyTimeout { limit }),
-    }
 }
 
 #[cfg(test)]

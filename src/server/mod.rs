@@ -6,6 +6,7 @@
 
 pub mod admin;
 mod auth;
+mod body;
 mod handlers;
 pub mod listen;
 mod ui;

@@ -314,13 +314,39 @@ def run_checks(base):
         text = openai_text(oa.chat.completions.create(model="gpt-azure", messages=msgs, stream=True))
         assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
 
+    def async_clients_read_the_401_of_a_large_body():
+        # An 8 MiB prompt with a wrong key: httpx's AsyncClient (under
+        # AsyncOpenAI and AsyncAnthropic) must read the 401, not a reset.
+        import asyncio
+        big = [{"role": "user", "content": "x" * (8 * 1024 * 1024)}]
+
+        async def both():
+            bad_oa = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0, timeout=20)
+            bad_an = anthropic.AsyncAnthropic(base_url=base, api_key="wrong", max_retries=0, timeout=20)
+            for _ in range(3):
+                try:
+                    await bad_oa.chat.completions.create(model="gpt", messages=big)
+                    raise AssertionError("no exception")
+                except openai.AuthenticationError as e:
+                    assert "tidegate" in e.message, e.message
+                try:
+                    await bad_an.messages.create(model="claude", max_tokens=8, messages=big)
+                    raise AssertionError("no exception")
+                except anthropic.AuthenticationError as e:
+                    assert "tidegate" in e.message, e.message
+            await bad_oa.close()
+            await bad_an.close()
+
+        asyncio.run(both())
+
     checks = [openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_gives_up_once_not_twice,
               openai_mid_stream_failure_raises, openai_keepalive_comments_parse,
               responses_non_stream, responses_stream, responses_capacity_absorbed, responses_typed_errors,
               responses_mid_stream_failure_raises,
               anthropic_non_stream, anthropic_stream, anthropic_typed_errors, anthropic_models,
               anthropic_mid_stream_failure_raises, anthropic_keepalive_comments_parse,
-              anthropic_via_bedrock, anthropic_via_vertex, openai_via_azure]
+              anthropic_via_bedrock, anthropic_via_vertex, openai_via_azure,
+              async_clients_read_the_401_of_a_large_body]
     passed = failed = 0
     for check in checks:
         try:
