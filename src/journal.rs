@@ -77,6 +77,10 @@ pub struct Row {
     pub n_attempts: u32,
     /// The client's volume was far above its baseline.
     pub anomaly: bool,
+    /// How a JSON answer's completion was told, when not from its own
+    /// bytes: `gzip-decoded`, `deflate-decoded`, `content-length` or
+    /// `unverified` (see `stream::json_end`).
+    pub completion_from: Option<String>,
     /// Attempts, in order (loaded for one request only).
     pub attempts: Vec<AttemptRow>,
 }
@@ -161,6 +165,8 @@ pub struct Detail {
     /// Attempts (the relay's own log, moved), unless the single one is
     /// implied by the request row.
     pub attempts: Vec<AttemptLog>,
+    /// How the answer's completion was told, when not from its own bytes.
+    pub completion_from: Option<&'static str>,
 }
 
 impl Record {
@@ -329,7 +335,7 @@ impl Journal {
 
 /// The journal's format; a file of an older one is set aside (see
 /// [`open`]).
-const VERSION: i64 = 2;
+const VERSION: i64 = 3;
 
 /// Requests are keyed by the first half of their id (time and a sequence,
 /// unique and growing: see [`crate::request_id`]) as SQLite's integer
@@ -343,7 +349,7 @@ const VERSION: i64 = 2;
 ///
 /// The `requests` columns are listed once, in [`REQUEST_TABLE`]: the
 /// table, the INSERT, the SELECT and the binding follow that list.
-const REQUEST_TABLE: [(&str, &str); 18] = [
+const REQUEST_TABLE: [(&str, &str); 19] = [
     ("id", "INTEGER PRIMARY KEY"),
     ("id_lo", "INTEGER NOT NULL"),
     ("client", "TEXT"),
@@ -362,6 +368,7 @@ const REQUEST_TABLE: [(&str, &str); 18] = [
     ("partial", "TEXT"),
     ("n_attempts", "INTEGER NOT NULL"),
     ("anomaly", "INTEGER NOT NULL DEFAULT 0"),
+    ("completion_from", "TEXT"),
 ];
 
 /// The column names of [`REQUEST_TABLE`], comma-separated, in order.
@@ -389,7 +396,7 @@ CREATE VIEW IF NOT EXISTS requests_view AS SELECT
     strftime('%Y-%m-%d %H:%M:%f', (id >> 16) / 1000.0, 'unixepoch') AS time_utc,
     client, model, stream, outcome, status, class, error, targets, queue_us / 1000.0 AS queue_ms,
     ttfb_us / 1000.0 AS ttfb_ms, total_us / 1000.0 AS total_ms, tokens_in, tokens_out, partial, n_attempts,
-    anomaly, id AS key
+    anomaly, completion_from, id AS key
     FROM requests;
 ";
 
@@ -420,6 +427,15 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
                  ALTER TABLE attempts RENAME TO attempts_v1;",
             )?;
             tracing::warn!(path = %path.display(), "journal written by an older tidegate: its rows stay in tables requests_v1 and attempts_v1 of this file (not shown by /admin); new rows go to the new format");
+        }
+        // Version 2 lacks `completion_from`: added (NULL in old rows), and
+        // the view that lists it made anew.
+        let second_format = version == 2
+            && !tx.prepare("SELECT 1 FROM pragma_table_info('requests') WHERE name = 'completion_from'")?.exists([])?;
+        if second_format {
+            tx.execute_batch(
+                "ALTER TABLE requests ADD COLUMN completion_from TEXT; DROP VIEW IF EXISTS requests_view;",
+            )?;
         }
         tx.execute_batch(&schema())?;
         tx.pragma_update(None, "user_version", VERSION)?;
@@ -587,6 +603,7 @@ fn bind_request(stmt: &mut rusqlite::Statement<'_>, base: usize, names: &[String
         &detail.and_then(|d| d.partial.as_deref()),
         &r.n_attempts,
         &r.anomaly,
+        &detail.and_then(|d| d.completion_from),
     ];
     for (i, value) in values.into_iter().enumerate() {
         stmt.raw_bind_parameter(base + i + 1, value)?;
@@ -723,6 +740,7 @@ fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         partial: r.get("partial")?,
         n_attempts: r.get("n_attempts")?,
         anomaly: r.get("anomaly")?,
+        completion_from: r.get("completion_from")?,
         attempts: Vec::new(),
     })
 }
@@ -852,8 +870,12 @@ mod tests {
                 })
                 .collect()
         };
-        let detail = (r.error.is_some() || r.partial.is_some() || !attempts.is_empty())
-            .then(|| Box::new(Detail { error: r.error.clone(), partial: r.partial.clone(), attempts }));
+        // Test rows only: the label leaked to make it `'static` as on the request path.
+        let completion_from = r.completion_from.clone().map(|c| &*Box::leak(c.into_boxed_str()));
+        let detail = (r.error.is_some() || r.partial.is_some() || !attempts.is_empty() || completion_from.is_some())
+            .then(|| {
+                Box::new(Detail { error: r.error.clone(), partial: r.partial.clone(), attempts, completion_from })
+            });
         Record {
             id: uuid::Uuid::parse_str(&r.id).unwrap(),
             client: r.client.clone(),
@@ -1014,6 +1036,47 @@ mod tests {
     #[test]
     fn a_record_fits_in_two_cache_lines() {
         assert!(std::mem::size_of::<Record>() <= 128, "{} bytes", std::mem::size_of::<Record>());
+    }
+
+    #[test]
+    fn a_second_format_journal_gains_completion_from_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let now = jiff::Timestamp::now().as_millisecond();
+        let old_row = Row { outcome: "completed".into(), targets: "u".into(), ..row(v7(now), now) };
+        {
+            // The version-2 schema: this one's without the new column.
+            let v2: Vec<String> = REQUEST_TABLE
+                .iter()
+                .filter(|(name, _)| *name != "completion_from")
+                .map(|(name, ty)| format!("{name} {ty}"))
+                .collect();
+            let old = Connection::open(&path).unwrap();
+            old.execute_batch(&format!(
+                "CREATE TABLE requests ({}); {}",
+                v2.join(", "),
+                SCHEMA.replace("anomaly, completion_from, id AS key", "anomaly, id AS key")
+            ))
+            .unwrap();
+            let (hi, lo) = key(&uuid::Uuid::parse_str(&old_row.id).unwrap());
+            old.execute(
+                "INSERT INTO requests (id, id_lo, stream, outcome, status, targets, queue_us, total_us, n_attempts) VALUES (?1, ?2, 0, 'completed', 200, 'u', 0, 5000, 1)",
+                rusqlite::params![hi, lo],
+            )
+            .unwrap();
+            old.pragma_update(None, "user_version", 2).unwrap();
+        }
+        let mut conn = open(&path).unwrap();
+        let new = Row { completion_from: Some("gzip-decoded".into()), ..row(v7(now + 1), now + 1) };
+        store(&mut conn, std::slice::from_ref(&new));
+        let listed = list(&path, &Query { limit: 5, ..Default::default() }).unwrap();
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        assert_eq!(listed.iter().find(|r| r.id == old_row.id).unwrap().completion_from, None);
+        assert_eq!(listed.iter().find(|r| r.id == new.id).unwrap().completion_from.as_deref(), Some("gzip-decoded"));
+        let viewed: Option<String> = conn
+            .query_row("SELECT completion_from FROM requests_view ORDER BY key DESC LIMIT 1", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(viewed.as_deref(), Some("gzip-decoded"));
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct Report {
     pub usage: Usage,
     /// Text already delivered when a stream broke.
     pub partial: Option<String>,
+    /// How a JSON answer's completion was told when not from its own
+    /// bytes (see [`crate::stream::json_end::Judged::label`]).
+    pub completion_from: Option<&'static str>,
     /// The client's volume was flagged as far above its baseline.
     pub anomaly: bool,
     /// Counted in the metrics only: neither journaled nor logged (a
@@ -132,6 +135,7 @@ impl Report {
             queue_wait: Duration::ZERO,
             usage: Usage::default(),
             partial: None,
+            completion_from: None,
             anomaly: false,
             counted_only: false,
             pass: None,
@@ -179,8 +183,9 @@ impl Report {
         }
         let partial = if sink.keep_partial { self.partial.take() } else { None };
         let error = self.error.take();
-        let detail = (error.is_some() || partial.is_some() || !attempts.is_empty())
-            .then(|| Box::new(Detail { error, partial, attempts }));
+        let completion_from = self.completion_from;
+        let detail = (error.is_some() || partial.is_some() || !attempts.is_empty() || completion_from.is_some())
+            .then(|| Box::new(Detail { error, partial, attempts, completion_from }));
         Record {
             id: self.id,
             client: self.client.take(),

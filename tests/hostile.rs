@@ -328,6 +328,51 @@ async fn a_gzip_error_body_is_read_as_text() {
     assert!(text.contains("Invalid model parameter"), "{text}");
 }
 
+/// A compressed JSON answer (a proxy that ignored `accept-encoding:
+/// identity`) is judged by its decoded content: whole is `completed`, with
+/// its usage, and the journal says how it was told; cut is `incomplete`.
+#[tokio::test]
+async fn a_compressed_answer_is_judged_by_what_it_decodes_to() {
+    use std::io::Write;
+    let json = br#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":11,"completion_tokens":3,"total_tokens":14}}"#;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(json).unwrap();
+    let body = gz.finish().unwrap();
+    let answer = |framing: &str, body: &[u8]| -> &'static [u8] {
+        let mut a = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{framing}\r\n").into_bytes();
+        a.extend_from_slice(body);
+        a.leak()
+    };
+    let sized = format!("content-encoding: gzip\r\ncontent-length: {}\r\n", body.len());
+    for (framing, bytes, outcome, from) in [
+        (sized.as_str(), &body[..], "completed", "gzip-decoded"),
+        ("content-encoding: gzip\r\nconnection: close\r\n", &body[..], "completed", "gzip-decoded"),
+        ("content-encoding: gzip\r\nconnection: close\r\n", &body[..body.len() - 6], "incomplete", "gzip-decoded"),
+    ] {
+        let (status, _, row) = through(&raw_upstream(answer(framing, bytes)).await, false).await;
+        assert_eq!(status, 200);
+        assert_eq!(row["outcome"], outcome, "{framing}: {row}");
+        assert_eq!(row["completion_from"], from, "{row}");
+        if outcome == "completed" {
+            assert_eq!((row["tokens_in"].as_u64(), row["tokens_out"].as_u64()), (Some(11), Some(3)), "{row}");
+        }
+    }
+    // An encoding tidegate does not decode: its Content-Length, delivered whole.
+    let opaque = [7u8; 40];
+    let (_, _, row) =
+        through(&raw_upstream(answer("content-encoding: br\r\ncontent-length: 40\r\n", &opaque)).await, false).await;
+    assert_eq!(
+        (row["outcome"].as_str(), row["completion_from"].as_str()),
+        (Some("completed"), Some("content-length")),
+        "{row}"
+    );
+    // The usual identity answer says nothing more.
+    let plain = format!("content-length: {}\r\n", json.len());
+    let (_, _, row) = through(&raw_upstream(answer(&plain, json)).await, false).await;
+    assert_eq!(row["outcome"], "completed");
+    assert!(row["completion_from"].is_null(), "{row}");
+}
+
 /// A token estimate no bucket can hold (`max_tokens` 4e9 while the request
 /// runs, and 1e19 answered 400 by the provider) reserves at most a
 /// minute's tokens and gives them back exactly: another key's request to

@@ -42,6 +42,7 @@ use crate::record::{AttemptLog, Verdict, WaitSource};
 use crate::retry::{self, Decision, GiveUp, Situation};
 use crate::stream::RelayBody;
 use crate::stream::handshake::{self, Handshake};
+use crate::stream::json_end::{self, JsonEnd};
 use crate::stream::resume::{self, Resume};
 use crate::upstream::{SendError, Upstream};
 use targets::{Pick, Targets};
@@ -556,8 +557,10 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &st
     let protocol = job.protocol();
     let name = (index, upstream.config.name.as_str());
     if !is_sse(&parts.headers) {
+        let json = JsonEnd::new(&parts.headers);
         if !protocol.reads_json_answers() {
-            return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::raw(incoming, idle, protocol, name))));
+            let body = RelayBody::raw(incoming, json, idle, protocol, name);
+            return Attempt::Success(Answer::Stream(parts, Box::new(body)));
         }
         let read = tokio::time::timeout(remaining, Limited::new(incoming, MAX_CHECKED_ANSWER).collect()).await;
         let bytes = match read {
@@ -571,12 +574,20 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &st
                 return Attempt::Ended(classify::classify_transport(&failure));
             }
         };
-        let read = protocol.read_answer(&bytes);
+        // What it says is read from its content (decoded if compressed);
+        // the client gets the bytes as they came.
+        let read = match json_end::decoded(&parts.headers, &bytes, MAX_CHECKED_ANSWER) {
+            Some(plain) => protocol.read_answer(&plain),
+            None => protocol.read_answer(&bytes),
+        };
         if let Some(error) = read.failed {
             return carried_failure(&parts.headers, error, upstream);
         }
         parts.headers.remove(header::CONTENT_LENGTH);
-        return Attempt::Success(Answer::Stream(parts, Box::new(RelayBody::read(bytes, protocol, name, read.id))));
+        return Attempt::Success(Answer::Stream(
+            parts,
+            Box::new(RelayBody::read(bytes, json, protocol, name, read.id)),
+        ));
     }
     match handshake::handshake(incoming, protocol, idle, job.deadline, job.gw.config.max_stream_event).await {
         Handshake::Open { inner, scanner, ready } => {
@@ -725,15 +736,9 @@ async fn read_error(
     };
     let _ = tokio::time::timeout(limit, read).await;
     let mut bytes = kept.freeze();
-    let gzip = parts.headers.get(header::CONTENT_ENCODING).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
-    if gzip {
-        use std::io::Read;
-        let mut plain = Vec::new();
-        let decoder = flate2::read::GzDecoder::new(&bytes[..]);
-        if decoder.take(MAX_ERROR_BODY as u64).read_to_end(&mut plain).is_ok() {
-            bytes = Bytes::from(plain);
-            parts.headers.remove(header::CONTENT_ENCODING);
-        }
+    if let Some(plain) = json_end::decoded(&parts.headers, &bytes, MAX_ERROR_BODY) {
+        bytes = Bytes::from(plain);
+        parts.headers.remove(header::CONTENT_ENCODING);
     }
     (parts, bytes)
 }

@@ -12,6 +12,7 @@
 //! upstream connection at once.
 
 pub mod handshake;
+pub mod json_end;
 pub mod resume;
 pub mod sse;
 
@@ -81,8 +82,9 @@ pub struct RelayBody {
     answer_id: Option<String>,
     /// The upstream slot, given back when the body ends or is dropped.
     permit: Option<Permit>,
-    /// Last bytes of a raw (JSON) body, where `usage` usually sits.
-    tail: Vec<u8>,
+    /// How a raw (JSON) body's end and usage are read (its last bytes,
+    /// decoded if it is compressed).
+    json: json_end::JsonEnd,
     /// Events ready for the client, held while more arrive at once.
     gathered: BytesMut,
     /// Turns given to the upstream connection with nothing new since.
@@ -106,16 +108,32 @@ pub struct RelayBody {
 const GATHER_MAX: usize = 16 * 1024;
 
 impl RelayBody {
-    /// A body passed through as is (JSON answers).
-    pub fn raw(inner: UpstreamBody, idle: Duration, protocol: Protocol, upstream: (usize, &str)) -> Self {
-        Self::new(inner, idle, None, 0, protocol, upstream)
+    /// A body passed through as is (JSON answers); `json` reads its end
+    /// (from its headers: see [`json_end`]).
+    pub fn raw(
+        inner: UpstreamBody,
+        json: json_end::JsonEnd,
+        idle: Duration,
+        protocol: Protocol,
+        upstream: (usize, &str),
+    ) -> Self {
+        let mut body = Self::new(inner, idle, None, 0, protocol, upstream);
+        body.json = json;
+        body
     }
 
     /// A JSON answer already read whole (to check it): sent as one frame;
     /// `id` is the stored state it names, if any.
-    pub fn read(bytes: Bytes, protocol: Protocol, upstream: (usize, &str), id: Option<String>) -> Self {
+    pub fn read(
+        bytes: Bytes,
+        json: json_end::JsonEnd,
+        protocol: Protocol,
+        upstream: (usize, &str),
+        id: Option<String>,
+    ) -> Self {
         let mut body = Self::new_detached(protocol, upstream);
-        body.keep_tail(&bytes);
+        body.json = json;
+        body.json.feed(&bytes);
         body.last = Some(bytes);
         body.answer_id = id;
         body
@@ -153,7 +171,7 @@ impl RelayBody {
             closing: None,
             answer_id: None,
             permit: None,
-            tail: Vec::new(),
+            json: json_end::JsonEnd::default(),
             gathered: BytesMut::new(),
             yielded: 0,
             finished: false,
@@ -196,18 +214,6 @@ impl RelayBody {
     /// the token reservation).
     pub fn hold(&mut self, permit: Permit) {
         self.permit = Some(permit);
-    }
-
-    fn keep_tail(&mut self, data: &[u8]) {
-        const TAIL: usize = 2048;
-        if data.len() >= TAIL {
-            self.tail.clear();
-            self.tail.extend_from_slice(&data[data.len() - TAIL..]);
-        } else {
-            let excess = (self.tail.len() + data.len()).saturating_sub(TAIL);
-            self.tail.drain(..excess);
-            self.tail.extend_from_slice(data);
-        }
     }
 
     /// Lets a broken text stream be continued instead of failed.
@@ -315,23 +321,30 @@ impl RelayBody {
     }
 
     fn end(&mut self) {
-        if self.sse.is_none() && self.outcome.is_none() && !self.tail.is_empty() && !json_complete(&self.tail) {
-            // A body delimited by the connection's close cannot say it was
-            // cut; a JSON answer that does not end as JSON was.
-            let why = "the upstream's JSON answer ended before its end (connection closed early)";
-            self.outcome = Some((Outcome::Incomplete, Some(why.into())));
-        }
-        let (outcome, error) = self.outcome.take().unwrap_or((Outcome::Completed, None));
+        let mut judged = None;
         let usage = match &self.sse {
             Some(sse) => sse.seen.usage,
-            None => sse::usage_in_json(&self.tail),
+            None => {
+                let end = self.json.finish();
+                if self.outcome.is_none() && !end.complete {
+                    // A body delimited by the connection's close cannot say
+                    // it was cut; a JSON answer that does not end as JSON
+                    // (once decoded) was.
+                    let why = "the upstream's JSON answer ended before its end (connection closed early)";
+                    self.outcome = Some((Outcome::Incomplete, Some(why.into())));
+                }
+                judged = end.judged.label();
+                end.usage
+            }
         };
+        let (outcome, error) = self.outcome.take().unwrap_or((Outcome::Completed, None));
         if let Some(permit) = &mut self.permit {
             permit.settle(usage.input.unwrap_or(0) + usage.output.unwrap_or(0));
         }
         self.permit = None;
         if let Some(mut report) = self.report.take() {
             report.usage = usage;
+            report.completion_from = judged;
             if let Some(sse) = &mut self.sse
                 && outcome == Outcome::Incomplete
             {
@@ -396,13 +409,6 @@ impl RelayBody {
         }
         Some(out)
     }
-}
-
-/// Whether the last bytes of a JSON answer (every endpoint tidegate
-/// serves answers JSON) close it: `}` or `]`.
-fn json_complete(tail: &[u8]) -> bool {
-    let trimmed = tail.trim_ascii_end();
-    trimmed.is_empty() || matches!(trimmed.last(), Some(b'}' | b']'))
 }
 
 impl Body for RelayBody {
@@ -533,7 +539,7 @@ impl RelayBody {
                         }
                         None => {
                             this.first_byte();
-                            this.keep_tail(&data);
+                            this.json.feed(&data);
                             // hyper stops polling once a sized body is
                             // complete: record the end with the last bytes.
                             if this.inner.as_ref().is_some_and(|i| i.is_end_stream()) {
