@@ -1145,6 +1145,9 @@ mod tests {
         let path = dir.path().join("j.db");
         let journal = Journal::start(&path, Retention { max_age: Duration::from_secs(3600), max_rows: 1000 });
         let now = jiff::Timestamp::now().as_millisecond();
+        // The writer's start (thread, file, schema) is not what this pins:
+        // a loaded machine may take a while for it.
+        assert!(journal.flush(Duration::from_secs(20)), "the writer never started");
         for round in 0..10 {
             // Two rows handed over back to back and a flush at once: the
             // writer may hold the first when the flush begins; the second

@@ -121,22 +121,75 @@ async fn a_trickled_body_is_cut_at_body_timeout() {
     assert_serves(&gw).await;
 }
 
+/// At `max_connections`, idle connections (never used, or kept alive after
+/// a request) give way, oldest first, so a new client is served within a
+/// second; connections with a request in service are never cut, and when
+/// all of them are busy a new one gets the 503.
 #[tokio::test]
-async fn connections_beyond_max_connections_get_a_503_and_the_rest_are_served() {
-    let sim = sim(&[]);
-    let gw = gateway(&yaml(&sim, "max_connections: 20", "", "")).await;
-    let idle: Vec<tokio::net::TcpStream> =
-        futures_util::future::join_all((0..20).map(|_| tokio::net::TcpStream::connect(gw.addr)))
+async fn at_max_connections_idle_ones_give_way_and_busy_ones_are_kept() {
+    let slow = tidegate::simulate::Behavior { latency_ms: 1500, ..Default::default() };
+    let sim = sim(&[("real-slow", slow)]);
+    let models = "  slow:\n    targets: [{ upstream: sim-openai, model: real-slow }]";
+    let gw = gateway(&yaml(&sim, "max_connections: 20", "", models)).await;
+    // 10 sockets that never send anything, then 10 kept alive after a request.
+    let mut idle: Vec<tokio::net::TcpStream> =
+        futures_util::future::join_all((0..10).map(|_| tokio::net::TcpStream::connect(gw.addr)))
             .await
             .into_iter()
             .map(Result::unwrap)
             .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..10 {
+        let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").await.unwrap();
+        assert!(read_answer(&mut conn).await.starts_with("HTTP/1.1 200"));
+        idle.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for round in 0..5 {
+        let started = Instant::now();
+        let resp = client().get(url(&gw, "/healthz")).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "round {round}: {}", resp.text().await.unwrap());
+        assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    }
+    assert_serves(&gw).await;
+    // The oldest idle ones were closed: the never-used sockets first.
+    let mut closed = Vec::new();
+    for (i, conn) in idle.iter_mut().enumerate() {
+        let mut buf = [0u8; 64];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(20), conn.read(&mut buf)).await {
+            closed.push(i);
+        }
+    }
+    assert!(!closed.is_empty() && closed.iter().all(|&i| i < 10), "closed: {closed:?}");
+    drop(idle);
     tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Now every connection has a request in service: none is cut, and a
+    // new connection is refused with the 503.
+    let body = r#"{"model":"slow","messages":[{"role":"user","content":"hi"}]}"#;
+    let busy: Vec<_> = (0..20)
+        .map(|_| {
+            let addr = gw.addr;
+            tokio::spawn(async move {
+                let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let req = format!(
+                    "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                conn.write_all(req.as_bytes()).await.unwrap();
+                read_answer(&mut conn).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let resp = client().get(url(&gw, "/healthz")).send().await.unwrap();
     assert_eq!(resp.status(), 503);
     assert!(resp.text().await.unwrap().contains("max_connections"));
-    drop(idle);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    for answer in futures_util::future::join_all(busy).await {
+        let answer = answer.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "a busy connection was cut: {answer}");
+    }
     assert_serves(&gw).await;
 }
 

@@ -7,6 +7,9 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -14,7 +17,11 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use super::connections::{Registered, Registry, Tracked};
 
 const BACKLOG: i32 = 4096;
 
@@ -49,10 +56,12 @@ static TOO_MANY: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
 
 /// Accepts connections until `stop` resolves. (A shutdown waits for the
 /// requests in flight, not for connections: idle keep-alive connections
-/// simply end with the process.) Beyond
-/// `max_connections` open at once, a new connection gets an immediate
-/// `503` and is closed, so a flood of idle sockets cannot use up the file
-/// descriptors the gateway needs for its upstreams.
+/// simply end with the process.) At `max_connections` open at once, the
+/// connection idle the longest is closed to make room for a new one (see
+/// [`connections`]); only when every one has a request in service does a
+/// new connection get an immediate `503` and close, so neither a flood of
+/// idle sockets nor one of busy ones can use up the file descriptors the
+/// gateway needs for its upstreams.
 pub async fn serve_until<S, B>(
     listener: TcpListener,
     service: S,
@@ -66,8 +75,8 @@ pub async fn serve_until<S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let open =
-        std::sync::Arc::new(tokio::sync::Semaphore::new(max_connections.min(tokio::sync::Semaphore::MAX_PERMITS)));
+    let open = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
+    let registry = Arc::new(Registry::default());
     let mut stop = std::pin::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -85,36 +94,109 @@ pub async fn serve_until<S, B>(
             }
         };
         let _ = stream.set_nodelay(true);
-        let Ok(slot) = open.clone().try_acquire_owned() else {
-            tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut stream = stream;
-                let _ = tokio::time::timeout(Duration::from_secs(1), async {
-                    // Read the request head first: an answer before the
-                    // request is one an HTTP client cannot read.
-                    let mut head = [0u8; 8192];
-                    let mut read = 0;
-                    while read < head.len() {
-                        match stream.read(&mut head[read..]).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => read += n,
-                        }
-                        if head[..read].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
+        match open.clone().try_acquire_owned() {
+            Ok(slot) => serve_one(stream, slot, &registry, service.clone()),
+            Err(_) if registry.shed_oldest_idle() => {
+                // An idle connection closes at once; this one takes its
+                // slot (a semaphore hands freed slots to waiters in turn).
+                let (open, registry, service) = (open.clone(), registry.clone(), service.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(SHED_WAIT, open.acquire_owned()).await {
+                        Ok(Ok(slot)) => serve_one(stream, slot, &registry, service),
+                        _ => too_many(stream).await,
                     }
-                    let _ = stream.write_all(&TOO_MANY).await;
-                    let _ = stream.shutdown().await;
-                })
-                .await;
-            });
-            continue;
-        };
-        let service = service.clone();
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30))
-            .serve_connection(TokioIo::new(stream), service);
-        tokio::spawn(crate::logging::Drive { connection: conn, holding: slot, what: "client" });
+                });
+            }
+            Err(_) => {
+                tokio::spawn(too_many(stream));
+            }
+        }
+    }
+}
+
+/// How long a new connection waits for the idle one it displaced to close.
+const SHED_WAIT: Duration = Duration::from_secs(1);
+
+/// Serves one accepted connection on its own task.
+fn serve_one<S, B>(stream: TcpStream, slot: OwnedSemaphorePermit, registry: &Arc<Registry>, service: S)
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let registered = registry.open();
+    let service = Tracked::new(service, &registered);
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .serve_connection(TokioIo::new(stream), service);
+    let shed = registered.shed();
+    tokio::spawn(Served { connection, shed, shedding: false, _held: (registered, slot) });
+}
+
+/// The refusal of a connection beyond the bound when none can give way.
+async fn too_many(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        // Read the request head first: an answer before the
+        // request is one an HTTP client cannot read.
+        let mut head = [0u8; 8192];
+        let mut read = 0;
+        while read < head.len() {
+            match stream.read(&mut head[read..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+            if head[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+        let _ = stream.write_all(&TOO_MANY).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+pin_project_lite::pin_project! {
+    /// A client connection's task: serves it until it ends, and shuts it
+    /// down gracefully when asked to give way (an idle one closes at once,
+    /// one with a request in service finishes that request first). Holds
+    /// its place in the registry and its connection slot.
+    struct Served<C> {
+        #[pin]
+        connection: C,
+        #[pin]
+        shed: WaitForCancellationFutureOwned,
+        shedding: bool,
+        _held: (Registered, OwnedSemaphorePermit),
+    }
+}
+
+impl<S, B> Future for Served<hyper::server::conn::http1::Connection<TokioIo<TcpStream>, Tracked<S>>>
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
+        if !*this.shedding && this.shed.poll(cx).is_ready() {
+            *this.shedding = true;
+            this.connection.as_mut().graceful_shutdown();
+        }
+        match this.connection.poll(cx) {
+            Poll::Ready(Err(err)) => {
+                tracing::debug!(error = %err, "client connection ended with an error");
+                Poll::Ready(())
+            }
+            Poll::Ready(Ok(())) => Poll::Ready(()),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }

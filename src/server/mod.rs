@@ -7,6 +7,7 @@
 pub mod admin;
 mod auth;
 mod body;
+pub mod connections;
 mod handlers;
 pub mod listen;
 mod ui;

@@ -353,7 +353,8 @@ impl Simulator {
                 "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{action}",
                 post(clouds::vertex),
             )
-            .route("/token", post(clouds::token));
+            .route("/token", post(clouds::token))
+            .route("/sim/stats", axum::routing::get(stats));
         let app = clouds::azure_routes(app).with_state(state.clone());
         let task = tokio::spawn(listen::serve(listener, app));
         Ok(Simulator { addr, state, task })
@@ -374,6 +375,32 @@ impl Simulator {
     pub async fn wait(mut self) {
         let _ = (&mut self.task).await;
     }
+}
+
+/// `GET /sim/stats`: per model, requests in flight now and the most seen
+/// at once (since start, or since the last `?reset=1`, which starts the
+/// count again from those in flight), and the totals: what a soak outside
+/// the process reads to check that no cap was ever exceeded.
+async fn stats(
+    State(state): State<Arc<SimState>>,
+    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
+) -> axum::Json<serde_json::Value> {
+    let reset = q.get("reset").is_some_and(|v| v == "1");
+    let mut models = serde_json::Map::new();
+    if let Ok(mut per_model) = state.per_model.lock() {
+        for (model, (now, max)) in per_model.iter_mut() {
+            models.insert(model.clone(), serde_json::json!({ "in_flight": *now, "max_in_flight": *max }));
+            if reset {
+                *max = *now;
+            }
+        }
+    }
+    axum::Json(serde_json::json!({
+        "models": models,
+        "completed": state.completed.load(Ordering::Relaxed),
+        "cancelled": state.cancelled.load(Ordering::Relaxed),
+        "rejected": state.rejected.load(Ordering::Relaxed),
+    }))
 }
 
 async fn chat(State(state): State<Arc<SimState>>, req: Request) -> Response {
