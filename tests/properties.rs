@@ -127,6 +127,103 @@ proptest! {
         let _ = hints::projected_reset(&body, now);
     }
 
+    /// Numbers of any size where a wait is expected (`retry-after: 1e30`,
+    /// `retry-after-ms` of 25 digits, a Go duration of 10^20 hours): a wait
+    /// no longer than `LONGEST_HINT`, never a panic. (The fuzz target
+    /// `provider_answer` found the overflow this pins.)
+    #[test]
+    fn hints_of_any_size_are_bounded(
+        digits in "[0-9]{1,40}",
+        exponent in 0u32..400,
+        unit in prop_oneof![Just("h"), Just("m"), Just("s"), Just("ms"), Just("ns")],
+    ) {
+        let now = jiff::Timestamp::from_second(1_790_000_000).unwrap();
+        let sci = format!("{digits}e{exponent}");
+        for value in [digits.as_str(), sci.as_str()] {
+            let mut headers = http::HeaderMap::new();
+            headers.insert("retry-after-ms", http::HeaderValue::from_str(value).unwrap());
+            let wait = hints::from_headers(&headers, now).retry_after;
+            prop_assert!(wait.is_none_or(|w| w <= hints::LONGEST_HINT));
+            let wait = hints::parse_retry_after(value, now);
+            prop_assert!(wait.is_none_or(|w| w <= hints::LONGEST_HINT));
+        }
+        let go = hints::parse_go_duration(&format!("{digits}{unit}"));
+        prop_assert!(go.is_none_or(|w| w <= hints::LONGEST_HINT));
+    }
+
+    /// A provider's error answer of any status, headers and body is
+    /// classified (to a class and a retry verdict), never a panic.
+    #[test]
+    fn any_provider_answer_is_classified(
+        status in 100u16..600,
+        retry_after in "\\PC{0,24}",
+        body in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        let status = http::StatusCode::from_u16(status).unwrap();
+        let mut headers = http::HeaderMap::new();
+        if let Ok(v) = http::HeaderValue::from_str(&retry_after) {
+            headers.insert("retry-after", v);
+        }
+        let outcome = tidegate::classify::classify(
+            status, &headers, &body, &tidegate::classify::rules::Rules::default(), jiff::Timestamp::now(),
+        );
+        prop_assert!(outcome.hints.retry_after.is_none_or(|w| w <= hints::LONGEST_HINT));
+        let _ = protocol::error_status(&body);
+    }
+
+    /// Bedrock's event-stream: any bytes in any chunking give SSE events
+    /// or a clear error, never a panic.
+    #[test]
+    fn eventstream_garbage(data in proptest::collection::vec(any::<u8>(), 0..400), cut in 1usize..40) {
+        let mut translator = tidegate::upstream::eventstream::Translator::default();
+        let mut out = bytes::BytesMut::new();
+        for chunk in data.chunks(cut) {
+            translator.feed(chunk);
+            if translator.drain(&mut out).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// A compressed answer, whole or cut anywhere, in any chunking: whole
+    /// gzip of a JSON object is complete with its usage; any cut of it is
+    /// not; garbage under any encoding is judged without a panic.
+    #[test]
+    fn compressed_answers_are_judged_by_their_content(
+        tokens in 0u32..100_000,
+        cut_at in 0usize..400,
+        chunk in 1usize..64,
+        garbage in proptest::collection::vec(any::<u8>(), 0..200),
+    ) {
+        use std::io::Write;
+        use tidegate::stream::json_end::JsonEnd;
+        let json = format!(r#"{{"id":"x","choices":[],"usage":{{"prompt_tokens":{tokens},"completion_tokens":1}}}}"#);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(json.as_bytes()).unwrap();
+        let whole = gz.finish().unwrap();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::CONTENT_ENCODING, http::HeaderValue::from_static("gzip"));
+        let judge = |bytes: &[u8]| {
+            let mut end = JsonEnd::new(&headers);
+            for c in bytes.chunks(chunk) {
+                end.feed(c);
+            }
+            end.finish()
+        };
+        let end = judge(&whole);
+        prop_assert!(end.complete);
+        prop_assert_eq!(end.usage.input, Some(u64::from(tokens)));
+        let cut = cut_at % whole.len();
+        prop_assert!(!judge(&whole[..cut]).complete, "cut at {} of {}", cut, whole.len());
+        for coding in ["gzip", "deflate", "br", "identity"] {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::CONTENT_ENCODING, http::HeaderValue::from_static(coding));
+            let mut end = JsonEnd::new(&h);
+            end.feed(&garbage);
+            let _ = end.finish();
+        }
+    }
+
     /// Any text as a config file: problems with paths, never a panic.
     #[test]
     fn config_loading_never_panics(text in "\\PC{0,300}") {

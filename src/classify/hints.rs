@@ -42,16 +42,28 @@ pub fn from_headers(headers: &HeaderMap, now: Timestamp) -> Hints {
     Hints { should_retry, retry_after: found.map(|(_, w)| w), source: found.map(|(s, _)| s), projected_reset: None }
 }
 
+/// The longest wait a hint is read as. A provider's number is anything it
+/// sends (`retry-after: 1e30`); past this it means "not soon", which is all
+/// any request's deadline can use, and it stays far from the overflow of
+/// `Duration` and of an `Instant` it is added to.
+pub const LONGEST_HINT: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// `secs` as a wait: `None` unless a finite number ≥ 0; at most
+/// [`LONGEST_HINT`].
+fn wait_of(secs: f64) -> Option<Duration> {
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(LONGEST_HINT.as_secs_f64())))
+}
+
 fn parse_millis(v: &str) -> Option<Duration> {
     let ms: f64 = v.parse().ok()?;
-    (ms.is_finite() && ms >= 0.0).then(|| Duration::from_secs_f64(ms / 1000.0))
+    wait_of(ms / 1000.0)
 }
 
 /// `Retry-After`: delay seconds (integer, or decimal as some providers send)
 /// or an HTTP date.
 pub fn parse_retry_after(v: &str, now: Timestamp) -> Option<Duration> {
     if let Ok(secs) = v.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return wait_of(secs);
     }
     static PARSER: jiff::fmt::rfc2822::DateTimeParser = jiff::fmt::rfc2822::DateTimeParser::new();
     let at = PARSER.parse_timestamp(v).ok()?;
@@ -60,7 +72,7 @@ pub fn parse_retry_after(v: &str, now: Timestamp) -> Option<Duration> {
 
 fn until(now: Timestamp, at: Timestamp) -> Option<Duration> {
     let d = at.duration_since(now);
-    Some(Duration::try_from(d).unwrap_or(Duration::ZERO))
+    Some(Duration::try_from(d).unwrap_or(Duration::ZERO).min(LONGEST_HINT))
 }
 
 /// OpenAI's `x-ratelimit-reset-{requests,tokens}`: the reset of the limit
@@ -121,7 +133,7 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
         rest = &rest[unit_len..];
         total += n * secs;
     }
-    total.is_finite().then(|| Duration::from_secs_f64(total))
+    wait_of(total)
 }
 
 /// Finds "resets 3:20am (America/New_York)" (also "resets at 15:20 (Europe/Paris)",
@@ -262,6 +274,15 @@ mod tests {
     fn go_durations() {
         assert_eq!(parse_go_duration("1h2m3.5s"), Some(Duration::from_millis(3_723_500)));
         assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
+        // A provider's absurd number is a long wait, not a panic (found by
+        // the provider_answer fuzz target: retry-after-ms of 2.5e24).
+        let now = Timestamp::from_second(1_790_000_000).unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("retry-after-ms", http::HeaderValue::from_static("2511111111111111111111110"));
+        assert_eq!(from_headers(&h, now).retry_after, Some(LONGEST_HINT));
+        assert_eq!(parse_retry_after("1e300", now), Some(LONGEST_HINT));
+        assert_eq!(parse_go_duration("99999999999999999999999h"), Some(LONGEST_HINT));
+
         assert_eq!(parse_go_duration(""), None);
         assert_eq!(parse_go_duration("5"), None);
         assert_eq!(parse_go_duration("5x"), None);

@@ -909,6 +909,14 @@ impl http_body::Body for SseBody {
                 if !this.delay.is_zero() && this.frames.len() > 0 {
                     this.sleep = Some(Box::pin(tokio::time::sleep(this.delay)));
                 }
+                // The last event handed over ends the request here: a
+                // client that read it may send its next one at once, and it
+                // must not count as two in flight.
+                if this.frames.len() == 0
+                    && let Some(f) = this.flight.take()
+                {
+                    f.finish();
+                }
                 let frame = if this.stamp {
                     let micros =
                         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
