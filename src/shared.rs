@@ -117,6 +117,19 @@ redis.call('SET', KEYS[1], new, 'KEEPTTL')
 return 1
 ";
 
+/// A replica says it is alive (ARGV: its id, ms until it counts as gone)
+/// and learns how many are: the sorted set of replicas, scored by expiry.
+const HEARTBEAT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+return redis.call('ZCARD', KEYS[1])
+";
+
+/// How long a replica that stopped saying it is alive still counts.
+const REPLICA_TTL: Duration = Duration::from_secs(5);
+
 /// Lower the shared limit to ×0.75 of the leases held (floor 1).
 const LOWER: &str = r"
 local t = redis.call('TIME')
@@ -172,6 +185,7 @@ struct Scripts {
     lower: Script,
     grow: Script,
     health: Script,
+    heartbeat: Script,
 }
 
 /// One upstream's Redis keys and its waiters' wake-up, built once: the
@@ -264,6 +278,8 @@ pub struct SharedState {
     /// Short-lived work started on the request path (giving a lease or a
     /// waiting place back when its request ends), for shutdown to wait on.
     background: TaskTracker,
+    /// Replicas seen sharing the store (see [`SharedState::replicas`]).
+    replicas: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for SharedState {
@@ -371,7 +387,9 @@ impl SharedState {
                 lower: Script::new(LOWER),
                 grow: Script::new(GROW),
                 health: Script::new(HEALTH),
+                heartbeat: Script::new(HEARTBEAT),
             },
+            replicas: std::sync::atomic::AtomicU32::new(1),
             upstreams: keys.iter().map(|k| (k.name.clone(), k.clone())).collect(),
             by_channel: keys.iter().map(|k| (k.released.clone(), k.clone())).collect(),
             events: std::sync::Mutex::new(Some(events_rx)),
@@ -401,6 +419,23 @@ impl SharedState {
     /// Whether the shared store answered last time it was asked.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
+    }
+
+    /// Replicas sharing the store, as last seen while it answered (this
+    /// one included; at least 1). While the store is down each replica
+    /// holds its share of a counted limit (see `limits::Limiter`), so
+    /// together they stay within it.
+    pub fn replicas(&self) -> u32 {
+        self.replicas.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Says this replica is alive and reads how many are.
+    async fn heartbeat(&self) {
+        let mut inv = self.scripts.heartbeat.prepare_invoke();
+        inv.key(format!("{PREFIX}:replicas")).arg(&self.replica).arg(REPLICA_TTL.as_millis() as u64);
+        if let Some(n) = self.call::<u32>(inv).await {
+            self.replicas.store(n.max(1), Ordering::Relaxed);
+        }
     }
 
     fn down(&self, err: &redis::RedisError) {
@@ -594,11 +629,15 @@ async fn renew(state: std::sync::Weak<SharedState>, keys: Arc<Keys>, id: String,
     }
 }
 
-/// Joins at start, then checks every second while down and rejoins.
+/// Joins at start, then every second: says this replica is alive while the
+/// store answers, checks and rejoins while it does not.
 async fn watch(state: std::sync::Weak<SharedState>) {
     let mut logged_waiting = false;
     loop {
         let Some(s) = state.upgrade() else { return };
+        if s.is_up() {
+            s.heartbeat().await;
+        }
         if !s.is_up() {
             match s.join().await {
                 Ok(()) => {

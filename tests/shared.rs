@@ -93,6 +93,62 @@ async fn two_replicas_hold_one_cap_of_three() {
     assert!(started.elapsed() >= Duration::from_millis(13 * 150), "{:?}", started.elapsed());
 }
 
+/// While Redis is down, each of two replicas holds its share of the cap
+/// (3 / 2 → 1 each), not all of it: together they never send the upstream
+/// more than its 3 — and after an empty Redis returns, not until the
+/// requests taken during the outage are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
+    let mut redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 300, ..Default::default() })]);
+    let a = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
+    let a_base = format!("http://{}", a.addr);
+    wait_shared(&a_base, true).await;
+    let b = process_replica(&redis.url(), &sim).await;
+    let b_base = format!("http://{}", b.addr);
+    // Both have said they are alive (a heartbeat a second).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    redis.stop();
+    // A request on each notices the store is gone.
+    for base in [&a_base, &b_base] {
+        assert_eq!(ask(base, "capped", Some("10s")).await.status(), 200);
+    }
+    wait_shared(&a_base, false).await;
+    wait_shared(&b_base, false).await;
+    let burst = |n: usize| -> Vec<tokio::task::JoinHandle<u16>> {
+        (0..n)
+            .map(|i| {
+                let base = if i % 2 == 0 { a_base.clone() } else { b_base.clone() };
+                tokio::spawn(async move { ask(&base, "capped", None).await.status().as_u16() })
+            })
+            .collect()
+    };
+    let before = sim.state.rejected.load(Ordering::SeqCst);
+    for t in burst(16) {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert_eq!(sim.state.rejected.load(Ordering::SeqCst), before, "the upstream refused requests over its cap");
+    assert!(
+        sim.state.max_in_flight_of("capped") <= 3,
+        "the upstream saw {} at once",
+        sim.state.max_in_flight_of("capped")
+    );
+    // Redis returns empty while both replicas have requests in flight.
+    let running = burst(8);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    redis.restart();
+    let after = burst(8);
+    for t in running.into_iter().chain(after) {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert_eq!(sim.state.rejected.load(Ordering::SeqCst), before, "the upstream refused requests over its cap");
+    assert!(
+        sim.state.max_in_flight_of("capped") <= 3,
+        "the upstream saw {} at once",
+        sim.state.max_in_flight_of("capped")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_replicas_slots_free_within_the_lease_ttl() {
     let redis = Redis::start();

@@ -129,6 +129,10 @@ pub struct Limiter {
     ceiling: AtomicU32,
     queue: Mutex<Queue>,
     shared: Option<Shared>,
+    /// Permits held that have no shared lease: taken while the shared
+    /// store was down. Until they are back, this replica keeps to its
+    /// share (see [`Limiter::effective_limit`]).
+    unleased: AtomicU32,
 }
 
 /// This limiter's part of the shared state: the store, the upstream's
@@ -145,6 +149,8 @@ pub struct Permit {
     lease: Option<Lease>,
     shared: Option<SharedLease>,
     tokens: u64,
+    /// Counted in [`Limiter::unleased`] until dropped.
+    unleased: bool,
 }
 
 impl Permit {
@@ -174,6 +180,9 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        if self.unleased {
+            self.limiter.unleased.fetch_sub(1, Ordering::AcqRel);
+        }
         if let Some(lease) = self.lease.take() {
             self.limiter.clone().release(lease, self.shared.take());
         }
@@ -252,6 +261,7 @@ impl Limiter {
             slots: MemorySlots::default(),
             tasks: TaskTracker::new(),
             shared,
+            unleased: AtomicU32::new(0),
             config,
         })
     }
@@ -260,16 +270,27 @@ impl Limiter {
         f64::from(self.config.max_concurrent.unwrap_or(self.config.adaptive_max).max(1))
     }
 
-    /// The concurrency limit in force (the shared one while shared state
-    /// is reachable).
+    /// The concurrency limit in force: the shared one while shared state
+    /// is reachable. While it is not — and until the permits taken
+    /// meanwhile are back, since a store that restarted empty knows nothing
+    /// of them — this replica's share of it: the limit divided by the
+    /// replicas last seen sharing the store (at least 1), so that together
+    /// they stay within the provider's cap instead of each applying all of
+    /// it.
     pub fn effective_limit(&self) -> u32 {
         let mut eff = self.effective.lock().map_or(self.cap(), |e| *e);
-        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up())
-            && let Some(limit) = shared.limit.lock().ok().and_then(|l| *l)
-        {
-            eff = limit;
+        let mut replicas = 1;
+        if let Some(shared) = &self.shared {
+            if shared.state.is_up()
+                && let Some(limit) = shared.limit.lock().ok().and_then(|l| *l)
+            {
+                eff = limit;
+            }
+            if !shared.state.is_up() || self.unleased.load(Ordering::Acquire) > 0 {
+                replicas = shared.state.replicas();
+            }
         }
-        let limit = (eff.floor() as u32).max(1);
+        let limit = ((eff.floor() as u32) / replicas).max(1);
         match self.ceiling.load(Ordering::Acquire) {
             0 => limit,
             ceiling => limit.min(ceiling),
@@ -380,7 +401,11 @@ impl Limiter {
                 }
                 Ok(permit)
             }
-            SharedSlot::Unavailable => Ok(permit),
+            SharedSlot::Unavailable => {
+                permit.unleased = true;
+                self.unleased.fetch_add(1, Ordering::AcqRel);
+                Ok(permit)
+            }
             SharedSlot::Deadline => {
                 // Nothing was sent: the tokens come back whole.
                 permit.settle(0);
@@ -407,7 +432,7 @@ impl Limiter {
                 && let Some(lease) = self.slots.try_take(self.effective_limit())
             {
                 hold.keep();
-                return Ok(Permit { limiter: self.clone(), lease: Some(lease), shared: None, tokens });
+                return Ok(Permit { limiter: self.clone(), lease: Some(lease), shared: None, tokens, unleased: false });
             }
             if q.fair.len() >= self.config.max_queue {
                 return Err(Refused::QueueFull { queued: q.fair.len(), retry_after: q.retry_after() });
@@ -546,7 +571,7 @@ impl Limiter {
                 self.slots.give_back(lease);
                 break;
             };
-            let permit = Permit { limiter, lease: Some(lease), shared: None, tokens: 0 };
+            let permit = Permit { limiter, lease: Some(lease), shared: None, tokens: 0, unleased: false };
             if let Err(mut unsent) = waiter.tx.send(permit) {
                 // The waiter left: take the slot back without re-entering.
                 if let Some(lease) = unsent.lease.take() {
