@@ -93,6 +93,14 @@ async fn two_replicas_hold_one_cap_of_three() {
     assert!(started.elapsed() >= Duration::from_millis(13 * 150), "{:?}", started.elapsed());
 }
 
+/// The upstream never saw more than its cap of 3, nor refused anything
+/// since `before` refusals.
+fn within_cap(sim: &tidegate::simulate::Simulator, before: usize) {
+    assert_eq!(sim.state.rejected.load(Ordering::SeqCst), before, "the upstream refused requests over its cap");
+    let most = sim.state.max_in_flight_of("capped");
+    assert!(most <= 3, "the upstream saw {most} at once");
+}
+
 /// While Redis is down, each of two replicas holds its share of the cap
 /// (3 / 2 → 1 each), not all of it: together they never send the upstream
 /// more than its 3 — and after an empty Redis returns, not until the
@@ -127,12 +135,7 @@ async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
     for t in burst(16) {
         assert_eq!(t.await.unwrap(), 200);
     }
-    assert_eq!(sim.state.rejected.load(Ordering::SeqCst), before, "the upstream refused requests over its cap");
-    assert!(
-        sim.state.max_in_flight_of("capped") <= 3,
-        "the upstream saw {} at once",
-        sim.state.max_in_flight_of("capped")
-    );
+    within_cap(&sim, before);
     // Redis returns empty while both replicas have requests in flight.
     let running = burst(8);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -141,12 +144,7 @@ async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
     for t in running.into_iter().chain(after) {
         assert_eq!(t.await.unwrap(), 200);
     }
-    assert_eq!(sim.state.rejected.load(Ordering::SeqCst), before, "the upstream refused requests over its cap");
-    assert!(
-        sim.state.max_in_flight_of("capped") <= 3,
-        "the upstream saw {} at once",
-        sim.state.max_in_flight_of("capped")
-    );
+    within_cap(&sim, before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -77,6 +77,21 @@ pub async fn serve_until<S, B>(
 {
     let open = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
     let registry = Arc::new(Registry::default());
+    // Serves one accepted connection on its own task, which holds its slot
+    // and its place in the registry.
+    let serve_one = {
+        let registry = registry.clone();
+        move |stream: TcpStream, slot: OwnedSemaphorePermit| {
+            let registered = registry.open();
+            let service = Tracked::new(service.clone(), &registered);
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .serve_connection(TokioIo::new(stream), service);
+            let shed = registered.shed();
+            tokio::spawn(Served { connection, shed, shedding: false, _held: (registered, slot) });
+        }
+    };
     let mut stop = std::pin::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -95,14 +110,14 @@ pub async fn serve_until<S, B>(
         };
         let _ = stream.set_nodelay(true);
         match open.clone().try_acquire_owned() {
-            Ok(slot) => serve_one(stream, slot, &registry, service.clone()),
+            Ok(slot) => serve_one(stream, slot),
             Err(_) if registry.shed_oldest_idle() => {
                 // An idle connection closes at once; this one takes its
                 // slot (a semaphore hands freed slots to waiters in turn).
-                let (open, registry, service) = (open.clone(), registry.clone(), service.clone());
+                let (open, serve_one) = (open.clone(), serve_one.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(SHED_WAIT, open.acquire_owned()).await {
-                        Ok(Ok(slot)) => serve_one(stream, slot, &registry, service),
+                        Ok(Ok(slot)) => serve_one(stream, slot),
                         _ => too_many(stream).await,
                     }
                 });
@@ -116,26 +131,6 @@ pub async fn serve_until<S, B>(
 
 /// How long a new connection waits for the idle one it displaced to close.
 const SHED_WAIT: Duration = Duration::from_secs(1);
-
-/// Serves one accepted connection on its own task.
-fn serve_one<S, B>(stream: TcpStream, slot: OwnedSemaphorePermit, registry: &Arc<Registry>, service: S)
-where
-    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-{
-    let registered = registry.open();
-    let service = Tracked::new(service, &registered);
-    let connection = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
-        .serve_connection(TokioIo::new(stream), service);
-    let shed = registered.shed();
-    tokio::spawn(Served { connection, shed, shedding: false, _held: (registered, slot) });
-}
 
 /// The refusal of a connection beyond the bound when none can give way.
 async fn too_many(mut stream: TcpStream) {
