@@ -321,6 +321,8 @@ def one_request(kind, key, replica):
     conn.close()
     if resp.status == 503 and b"shutting_down" in data:
         return rid, "draining", ""
+    if resp.status != 200 and b"circuit breaker is open" in data:
+        return rid, "breaker", f"{resp.status}: {data[:200]!r}"
     if resp.status != 200:
         return rid, "failure", f"{resp.status}: {data[:200]!r}"
     if stream:
@@ -503,6 +505,8 @@ def report(samples, capped, events, reloads, elapsed):
         f"| succeeded | {verdicts.get('ok', 0)} |",
         f"| refused while draining, resent to the other replica | {verdicts.get('draining', 0)} |",
         f"| unavoidable (provider error event mid-stream) | {verdicts.get('unavoidable', 0)} |",
+        f"| answered at once behind an open circuit breaker (`Retry-After`: the probe's time) | "
+        f"{verdicts.get('breaker', 0)} |",
         f"| **failures other than those** | **{len(failures)}** |",
         f"| config reloads (ok / failed) | {reloads['ok']} / {reloads['failed']} |",
         f"| most in flight at the `max_concurrent: {CAP}` upstream, Redis up / down | "
