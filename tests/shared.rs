@@ -115,7 +115,13 @@ async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
     let b = process_replica(&redis.url(), &sim).await;
     let b_base = format!("http://{}", b.addr);
     // Both have said they are alive (a heartbeat a second).
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for _ in 0..100 {
+        if upstreams(&a_base).await["upstreams"][0]["shared_replicas"] == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(upstreams(&a_base).await["upstreams"][0]["shared_replicas"], 2);
     redis.stop();
     // A request on each notices the store is gone.
     for base in [&a_base, &b_base] {

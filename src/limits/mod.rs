@@ -323,6 +323,12 @@ impl Limiter {
         self.shared.as_ref().is_some_and(|s| s.state.is_up())
     }
 
+    /// Replicas last seen sharing this limiter's store (`None` without
+    /// `state:`): what the limit is divided by while the store is down.
+    pub fn replicas(&self) -> Option<u32> {
+        self.shared.as_ref().map(|s| s.state.replicas())
+    }
+
     /// Reserves one request and `tokens` from the rate buckets (shared
     /// ones while the store answers) and says how long to wait for them.
     /// The reservation is returned by the [`RateHold`]'s drop unless the

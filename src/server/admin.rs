@@ -172,6 +172,7 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
                 "max_concurrent": u.config.limits.max_concurrent,
                 "adaptive": u.config.limits.adaptive,
                 "shared": u.limiter.is_shared(),
+                "shared_replicas": u.limiter.replicas(),
             })
         })
         .collect();
