@@ -280,6 +280,31 @@ pub struct SharedState {
     background: TaskTracker,
     /// Replicas seen sharing the store (see [`SharedState::replicas`]).
     replicas: std::sync::atomic::AtomicU32,
+    replica_count: std::sync::Mutex<ReplicaCount>,
+}
+
+/// The replicas count as heartbeats read it, falling only slowly: a
+/// Redis that restarted empty first shows this replica alone, until the
+/// others' next heartbeats; taken at its word, this replica's share of a
+/// limit would jump to all of it while the others still hold theirs. So
+/// a lower count is believed only once the higher one is older than a
+/// replica's lifetime in the set ([`REPLICA_TTL`]).
+#[derive(Debug, Default)]
+struct ReplicaCount {
+    high: u32,
+    seen: Option<Instant>,
+}
+
+impl ReplicaCount {
+    fn observe(&mut self, n: u32, now: Instant) -> u32 {
+        let n = n.max(1);
+        let stale = self.seen.is_none_or(|at| now.saturating_duration_since(at) > REPLICA_TTL);
+        if n >= self.high || stale {
+            self.high = n;
+            self.seen = Some(now);
+        }
+        self.high
+    }
 }
 
 impl std::fmt::Debug for SharedState {
@@ -390,6 +415,7 @@ impl SharedState {
                 heartbeat: Script::new(HEARTBEAT),
             },
             replicas: std::sync::atomic::AtomicU32::new(1),
+            replica_count: std::sync::Mutex::new(ReplicaCount::default()),
             upstreams: keys.iter().map(|k| (k.name.clone(), k.clone())).collect(),
             by_channel: keys.iter().map(|k| (k.released.clone(), k.clone())).collect(),
             events: std::sync::Mutex::new(Some(events_rx)),
@@ -433,8 +459,11 @@ impl SharedState {
     async fn heartbeat(&self) {
         let mut inv = self.scripts.heartbeat.prepare_invoke();
         inv.key(format!("{PREFIX}:replicas")).arg(&self.replica).arg(REPLICA_TTL.as_millis() as u64);
-        if let Some(n) = self.call::<u32>(inv).await {
-            self.replicas.store(n.max(1), Ordering::Relaxed);
+        if let Some(n) = self.call::<u32>(inv).await
+            && let Ok(mut count) = self.replica_count.lock()
+        {
+            let n = count.observe(n, Instant::now());
+            self.replicas.store(n, Ordering::Relaxed);
         }
     }
 
@@ -711,5 +740,20 @@ mod tests {
         assert!(parse_health("r2|hold|5000|codearts", "r2").is_none());
         assert!(parse_health("r1|drop|5|u", "r2").is_none());
         assert!(parse_health("garbage", "r2").is_none());
+    }
+
+    #[test]
+    fn the_replica_count_falls_only_after_a_replica_could_have_gone() {
+        let t0 = Instant::now();
+        let mut count = ReplicaCount::default();
+        assert_eq!(count.observe(2, t0), 2);
+        // Redis restarted empty: this replica's first heartbeat sees itself
+        // alone; the other is still there and holds its share.
+        assert_eq!(count.observe(1, t0 + Duration::from_secs(1)), 2);
+        assert_eq!(count.observe(1, t0 + Duration::from_secs(4)), 2);
+        // Beyond a replica's lifetime in the set, the lower count is real.
+        assert_eq!(count.observe(1, t0 + Duration::from_secs(6)), 1);
+        assert_eq!(count.observe(3, t0 + Duration::from_secs(7)), 3);
+        assert_eq!(count.observe(0, t0 + Duration::from_secs(20)), 1, "never below one");
     }
 }
