@@ -279,7 +279,6 @@ pub struct SharedState {
     /// waiting place back when its request ends), for shutdown to wait on.
     background: TaskTracker,
     /// Replicas seen sharing the store (see [`SharedState::replicas`]).
-    replicas: std::sync::atomic::AtomicU32,
     replica_count: std::sync::Mutex<ReplicaCount>,
 }
 
@@ -414,7 +413,6 @@ impl SharedState {
                 health: Script::new(HEALTH),
                 heartbeat: Script::new(HEARTBEAT),
             },
-            replicas: std::sync::atomic::AtomicU32::new(1),
             replica_count: std::sync::Mutex::new(ReplicaCount::default()),
             upstreams: keys.iter().map(|k| (k.name.clone(), k.clone())).collect(),
             by_channel: keys.iter().map(|k| (k.released.clone(), k.clone())).collect(),
@@ -452,7 +450,7 @@ impl SharedState {
     /// holds its share of a counted limit (see `limits::Limiter`), so
     /// together they stay within it.
     pub fn replicas(&self) -> u32 {
-        self.replicas.load(Ordering::Relaxed).max(1)
+        self.replica_count.lock().map_or(1, |c| c.high.max(1))
     }
 
     /// Says this replica is alive and reads how many are.
@@ -462,8 +460,7 @@ impl SharedState {
         if let Some(n) = self.call::<u32>(inv).await
             && let Ok(mut count) = self.replica_count.lock()
         {
-            let n = count.observe(n, Instant::now());
-            self.replicas.store(n, Ordering::Relaxed);
+            count.observe(n, Instant::now());
         }
     }
 

@@ -33,6 +33,20 @@ async fn process_replica(redis: &str, sim: &tidegate::simulate::Simulator) -> Pr
     p
 }
 
+/// Replica A in this process and B as its own, both joined to `redis`,
+/// with their base URLs.
+async fn two_replicas(
+    redis: &Redis,
+    sim: &tidegate::simulate::Simulator,
+) -> (tidegate::server::Running, String, Process, String) {
+    let a = gateway(&config("127.0.0.1:0", &redis.url(), sim, "")).await;
+    let a_base = format!("http://{}", a.addr);
+    wait_shared(&a_base, true).await;
+    let b = process_replica(&redis.url(), sim).await;
+    let b_base = format!("http://{}", b.addr);
+    (a, a_base, b, b_base)
+}
+
 /// The replica's `/admin/upstreams` (Null while it cannot answer).
 async fn upstreams(base: &str) -> Value {
     match client().get(format!("{base}/admin/upstreams")).bearer_auth(ADMIN).send().await {
@@ -66,11 +80,7 @@ async fn ask(base: &str, model: &str, deadline: Option<&str>) -> reqwest::Respon
 async fn two_replicas_hold_one_cap_of_three() {
     let redis = Redis::start();
     let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 150, ..Default::default() })]);
-    let a = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
-    let a_base = format!("http://{}", a.addr);
-    wait_shared(&a_base, true).await;
-    let b = process_replica(&redis.url(), &sim).await;
-    let b_base = format!("http://{}", b.addr);
+    let (_a, a_base, _b, b_base) = two_replicas(&redis, &sim).await;
     let started = Instant::now();
     let tasks: Vec<_> = (0..40)
         .map(|i| {
@@ -108,11 +118,7 @@ fn within_cap(sim: &tidegate::simulate::Simulator, before: usize) {
 async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
     let mut redis = Redis::start();
     let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 300, ..Default::default() })]);
-    let a = gateway(&config("127.0.0.1:0", &redis.url(), &sim, "")).await;
-    let a_base = format!("http://{}", a.addr);
-    wait_shared(&a_base, true).await;
-    let b = process_replica(&redis.url(), &sim).await;
-    let b_base = format!("http://{}", b.addr);
+    let (_a, a_base, _b, b_base) = two_replicas(&redis, &sim).await;
     // Each has seen both alive (a heartbeat a second).
     for base in [&a_base, &b_base] {
         for _ in 0..200 {

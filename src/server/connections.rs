@@ -28,11 +28,18 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 pub struct Conn {
     /// Requests in service on it (0 or 1 for HTTP/1, whose requests take turns).
     busy: AtomicU32,
-    /// When it last became idle, as a tick of [`Registry`]'s clock (a
-    /// counter: only the order matters).
+    /// When it last became idle, as a tick of [`CLOCK`].
     idle_since: AtomicU64,
     /// Cancelled when the connection is asked to give way.
     shed: CancellationToken,
+}
+
+/// Ticks when a connection opens or falls idle: a counter, since only
+/// the order matters (see [`Conn::idle_since`]).
+static CLOCK: AtomicU64 = AtomicU64::new(0);
+
+fn tick() -> u64 {
+    CLOCK.fetch_add(1, Ordering::Relaxed)
 }
 
 /// The open connections, for choosing one to close.
@@ -40,8 +47,6 @@ pub struct Conn {
 pub struct Registry {
     open: Mutex<HashMap<u64, Arc<Conn>>>,
     next_id: AtomicU64,
-    /// Ticks when connections open or fall idle (see [`Conn::idle_since`]).
-    clock: AtomicU64,
 }
 
 impl Registry {
@@ -49,7 +54,7 @@ impl Registry {
     pub fn open(self: &Arc<Self>) -> Registered {
         let conn = Arc::new(Conn {
             busy: AtomicU32::new(0),
-            idle_since: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
+            idle_since: AtomicU64::new(tick()),
             shed: CancellationToken::new(),
         });
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -74,16 +79,6 @@ impl Registry {
             }
             None => false,
         }
-    }
-
-    /// Connections open now.
-    pub fn len(&self) -> usize {
-        self.open.lock().map_or(0, |o| o.len())
-    }
-
-    /// Whether none is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -120,13 +115,11 @@ impl Drop for Registered {
 #[derive(Debug)]
 struct InService {
     conn: Arc<Conn>,
-    registry_clock: Arc<Registry>,
 }
 
 impl Drop for InService {
     fn drop(&mut self) {
-        let tick = self.registry_clock.clock.fetch_add(1, Ordering::Relaxed);
-        self.conn.idle_since.store(tick, Ordering::Relaxed);
+        self.conn.idle_since.store(tick(), Ordering::Relaxed);
         self.conn.busy.fetch_sub(1, Ordering::Release);
     }
 }
@@ -137,13 +130,12 @@ impl Drop for InService {
 pub struct Tracked<S> {
     inner: S,
     conn: Arc<Conn>,
-    registry: Arc<Registry>,
 }
 
 impl<S> Tracked<S> {
     /// `inner`, serving the connection `registered`.
     pub fn new(inner: S, registered: &Registered) -> Self {
-        Self { inner, conn: registered.conn(), registry: registered.registry.clone() }
+        Self { inner, conn: registered.conn() }
     }
 }
 
@@ -157,7 +149,7 @@ where
 
     fn call(&self, req: R) -> Self::Future {
         self.conn.busy.fetch_add(1, Ordering::AcqRel);
-        let guard = InService { conn: self.conn.clone(), registry_clock: self.registry.clone() };
+        let guard = InService { conn: self.conn.clone() };
         TrackedFuture { inner: self.inner.call(req), guard: Some(guard) }
     }
 }
@@ -228,7 +220,7 @@ mod tests {
         let c = registry.open();
         // a is busy; b fell idle after c did.
         a.conn.busy.fetch_add(1, Ordering::AcqRel);
-        let in_b = InService { conn: b.conn(), registry_clock: registry.clone() };
+        let in_b = InService { conn: b.conn() };
         b.conn.busy.fetch_add(1, Ordering::AcqRel);
         drop(in_b);
         assert!(registry.shed_oldest_idle());
@@ -238,6 +230,6 @@ mod tests {
         assert!(!registry.shed_oldest_idle(), "the busy one stays");
         assert!(!a.conn.shed.is_cancelled());
         drop((b, c));
-        assert_eq!(registry.len(), 1);
+        assert_eq!(registry.open.lock().unwrap().len(), 1);
     }
 }

@@ -30,8 +30,9 @@ const TAIL: usize = 2048;
 pub enum Judged {
     /// Its own bytes (no content encoding).
     Content,
-    /// Its content decoded with this encoding: the encoding's own end and
-    /// the JSON's both reached.
+    /// Its content decoded (the journal's label: `gzip-decoded` or
+    /// `deflate-decoded`): the encoding's own end and the JSON's both
+    /// reached.
     Decoded(&'static str),
     /// An encoding tidegate does not decode, whose `Content-Length` was
     /// delivered in full.
@@ -46,8 +47,7 @@ impl Judged {
     pub fn label(self) -> Option<&'static str> {
         match self {
             Judged::Content => None,
-            Judged::Decoded("gzip") => Some("gzip-decoded"),
-            Judged::Decoded(_) => Some("deflate-decoded"),
+            Judged::Decoded(label) => Some(label),
             Judged::ContentLength => Some("content-length"),
             Judged::Unverified => Some("unverified"),
         }
@@ -179,8 +179,8 @@ impl JsonEnd {
             }
             Reading::Decoding(decoder) => {
                 let (finished, name) = match *decoder {
-                    Decoder::Gzip(d) => (d.finish(), "gzip"),
-                    Decoder::Deflate(d) => (d.finish(), "deflate"),
+                    Decoder::Gzip(d) => (d.finish(), "gzip-decoded"),
+                    Decoder::Deflate(d) => (d.finish(), "deflate-decoded"),
                 };
                 match finished {
                     // The encoding's own end was reached: the content is
