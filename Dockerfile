@@ -9,6 +9,9 @@ FROM docker.io/library/rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY gateway ./gateway
+COPY simulate ./simulate
+COPY examples/try.yaml ./examples/try.yaml
 RUN cargo build --release --locked --bin tidegate \
  && strip target/release/tidegate
 

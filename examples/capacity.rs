@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use tidegate::config::Config;
-use tidegate::simulate::{SimConfig, Simulator};
+use tidegate_simulate::{SimConfig, Simulator};
 use tokio::time::Instant;
 
 const REQUESTS: usize = 30;

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tidegate::config::{Config, DEFAULT_CONFIG};
 use tidegate::logging::Clean;
-use tidegate::simulate::{SimConfig, Simulator};
+use tidegate_simulate::{SimConfig, Simulator};
 
 #[derive(Parser)]
 #[command(name = "tidegate", version, about = "LLM gateway that absorbs provider capacity errors")]
@@ -295,14 +295,14 @@ fn serve(path: &Path, workers: Option<usize>, listen: Option<SocketAddr>) -> any
 
 fn demo(requests: usize, journal: PathBuf) -> anyhow::Result<()> {
     use std::io::IsTerminal;
-    let options = tidegate::demo::Options { requests, progress: std::io::stderr().is_terminal(), journal };
+    let options = tidegate_simulate::demo::Options { requests, progress: std::io::stderr().is_terminal(), journal };
     println!(
         "tidegate demo: a simulated provider with a 3-request cap per model (429 3009, no Retry-After),\n\
          200 + error frame stream refusals, random 529 overloaded and one Retry-After: 1.\n\
          The same burst of {requests} concurrent requests (OpenAI chat and Responses, Anthropic; streaming and not) goes\n\
          straight to it, then through tidegate.\n"
     );
-    let report = runtime(0)?.block_on(tidegate::demo::run(&options))?;
+    let report = runtime(0)?.block_on(tidegate_simulate::demo::run(&options))?;
     println!("\n{}", report.table());
     println!("every request of the tidegate run: tidegate log --journal {}", report.journal.display());
     if report.gateway.failed() > 0 {

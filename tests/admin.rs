@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use serde_json::Value;
-use tidegate::simulate::Behavior;
+use tidegate_simulate::Behavior;
 
 async fn admin(gw: &tidegate::server::Running, key: Option<&str>) -> (u16, String) {
     let mut req = client().get(url(gw, "/admin/upstreams"));

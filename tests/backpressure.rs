@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use common::*;
-use tidegate::simulate::Behavior;
+use tidegate_simulate::Behavior;
 use tokio::io::AsyncWriteExt;
 
 /// 429 "3009" whenever more than 3 requests are in flight, 100 ms per answer.
@@ -186,7 +186,7 @@ async fn rpm_bucket_spreads_a_burst_and_none_fails() {
 #[tokio::test]
 async fn slot_is_released_after_an_error_and_after_a_client_leaves_mid_stream() {
     use futures_util::StreamExt;
-    use tidegate::simulate::Fault;
+    use tidegate_simulate::Fault;
     let sim = sim(&[
         (
             "real-gpt",

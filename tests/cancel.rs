@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use common::*;
 use futures_util::StreamExt;
-use tidegate::simulate::Behavior;
+use tidegate_simulate::Behavior;
 use tokio::io::AsyncWriteExt;
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use tidegate::protocol::Protocol;
-use tidegate::simulate::{AwsKey, Behavior, Clouds, Fault, GoogleAccount, SimConfig, Simulator};
+use tidegate_simulate::{AwsKey, Behavior, Clouds, Fault, GoogleAccount, SimConfig, Simulator};
 
 const AWS_KEY_ID: &str = "AKIDTIDEGATETEST";
 const AWS_SECRET: &str = "wJalrXUtnFEMI/tidegate/secret+KEY";
@@ -121,7 +121,7 @@ async fn an_overloaded_anthropic_fails_over_to_bedrock_event_for_event() {
     assert_eq!(resp.headers()["x-tidegate-upstream"], "bedrock-east");
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let text = resp.text().await.unwrap();
-    assert_eq!(text, concat(tidegate::simulate::sse_frames(Protocol::Anthropic, bedrock_model, 5)));
+    assert_eq!(text, concat(tidegate_simulate::sse_frames(Protocol::Anthropic, bedrock_model, 5)));
 
     // JSON: the message as Bedrock returns it.
     let resp = messages(&gw, "claude", false).await;
@@ -204,7 +204,7 @@ async fn bedrock_throttling_is_retried_before_content_and_ends_the_stream_honest
 
     let resp = messages(&gw, "early", true).await;
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.text().await.unwrap(), concat(tidegate::simulate::sse_frames(Protocol::Anthropic, "early", 5)));
+    assert_eq!(resp.text().await.unwrap(), concat(tidegate_simulate::sse_frames(Protocol::Anthropic, "early", 5)));
     assert_eq!(sim.state.received().len(), 3, "two throttled attempts, then the answer");
 
     let resp = messages(&gw, "late", true).await;
@@ -241,7 +241,7 @@ async fn vertex_gets_a_token_for_a_signed_jwt_refreshes_it_before_expiry_and_fai
     assert_eq!(resp.headers()["x-tidegate-upstream"], "vertex-eu");
     assert_eq!(
         resp.text().await.unwrap(),
-        concat(tidegate::simulate::sse_frames(Protocol::Anthropic, "claude-v@20250101", 5))
+        concat(tidegate_simulate::sse_frames(Protocol::Anthropic, "claude-v@20250101", 5))
     );
     let resp = messages(&gw, "claude", false).await;
     assert_eq!(resp.status(), 200);

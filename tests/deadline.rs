@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use tidegate::simulate::{Behavior, Fault, SimConfig, Simulator};
+use tidegate_simulate::{Behavior, Fault, SimConfig, Simulator};
 use tokio::time::Instant;
 
 /// A provider refusing `rate` of all requests at random (`503 overloaded`),

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use tidegate::demo::{Options, run};
+use tidegate_simulate::demo::{Options, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_burst_fails_direct_and_succeeds_through_tidegate() {

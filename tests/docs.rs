@@ -1,9 +1,10 @@
 //! The README's config reference covers every config field: a field added
-//! to `src/config/raw.rs` without documentation fails here.
+//! to `gateway/src/config/raw.rs` without documentation fails here.
 
 #[test]
 fn every_config_field_is_in_the_readme() {
-    let raw = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/config/raw.rs")).unwrap_or_default();
+    let raw =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway/src/config/raw.rs")).unwrap_or_default();
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap_or_default();
     let fields: Vec<&str> = raw
         .lines()

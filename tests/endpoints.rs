@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use tidegate::simulate::{Behavior, Fault};
+use tidegate_simulate::{Behavior, Fault};
 use tokio::time::Instant;
 
 const OVERLOADED: &str = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
@@ -21,7 +21,7 @@ async fn post(gw: &tidegate::server::Running, path: &str, body: &str) -> (u16, V
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-fn model_sent(sim: &tidegate::simulate::Simulator, n: usize) -> String {
+fn model_sent(sim: &tidegate_simulate::Simulator, n: usize) -> String {
     let got = sim.state.received();
     serde_json::from_slice::<Value>(&got[n].body).unwrap()["model"].as_str().unwrap().to_owned()
 }

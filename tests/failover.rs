@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-use tidegate::simulate::{Behavior, Fault};
+use tidegate_simulate::{Behavior, Fault};
 
 /// A second simulator as upstream `backup`, and alias `multi` over
 /// `sim-openai` (model `prim`) then `backup` (model `sec`).
 fn two_targets(
-    primary: &tidegate::simulate::Simulator,
-    backup: &tidegate::simulate::Simulator,
+    primary: &tidegate_simulate::Simulator,
+    backup: &tidegate_simulate::Simulator,
     extra: &str,
     model_extra: &str,
 ) -> String {

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use common::*;
 use futures_util::StreamExt;
 use tidegate::protocol::Protocol;
-use tidegate::simulate::{Behavior, sse_frames};
+use tidegate_simulate::{Behavior, sse_frames};
 
 #[tokio::test]
 async fn openai_renames_model_and_keeps_every_other_byte() {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use tidegate::simulate::{Behavior, Fault};
+use tidegate_simulate::{Behavior, Fault};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
@@ -127,7 +127,7 @@ async fn a_trickled_body_is_cut_at_body_timeout() {
 /// all of them are busy a new one gets the 503.
 #[tokio::test]
 async fn at_max_connections_idle_ones_give_way_and_busy_ones_are_kept() {
-    let slow = tidegate::simulate::Behavior { latency_ms: 1500, ..Default::default() };
+    let slow = tidegate_simulate::Behavior { latency_ms: 1500, ..Default::default() };
     let sim = sim(&[("real-slow", slow)]);
     let models = "  slow:\n    targets: [{ upstream: sim-openai, model: real-slow }]";
     let gw = gateway(&yaml(&sim, "max_connections: 20", "", models)).await;
@@ -432,8 +432,8 @@ async fn a_compressed_answer_is_judged_by_what_it_decodes_to() {
 /// the same upstream is served, not answered 504 at once.
 #[tokio::test]
 async fn one_keys_huge_max_tokens_cannot_lock_other_keys_out() {
-    let slow = tidegate::simulate::Behavior { latency_ms: 1500, ..Default::default() };
-    let refused = tidegate::simulate::Behavior {
+    let slow = tidegate_simulate::Behavior { latency_ms: 1500, ..Default::default() };
+    let refused = tidegate_simulate::Behavior {
         status: Some(400),
         error_body: r#"{"error":{"message":"max_tokens is too large","type":"invalid_request_error"}}"#.into(),
         ..Default::default()

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use futures_util::StreamExt;
 use serde_json::Value;
-use tidegate::simulate::{Behavior, Fault};
+use tidegate_simulate::{Behavior, Fault};
 use tokio::io::AsyncWriteExt;
 
 const CLIENT_KEY: &str = "ck-journal-secret-42";
@@ -34,7 +34,7 @@ async fn rows(gw: &tidegate::server::Running, want: usize) -> Vec<Value> {
 
 /// A gateway journaling to `journal.db` in the returned directory, with
 /// admin key `adm`, in front of a plain simulator.
-async fn journaled() -> (tempfile::TempDir, tidegate::simulate::Simulator, tidegate::server::Running) {
+async fn journaled() -> (tempfile::TempDir, tidegate_simulate::Simulator, tidegate::server::Running) {
     let dir = tempfile::tempdir().unwrap();
     let sim = sim(&[]);
     let top = format!("journal: {}\nadmin_key: adm", dir.path().join("journal.db").display());

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use common::*;
-use tidegate::simulate::{Behavior, SimConfig, Simulator};
+use tidegate_simulate::{Behavior, SimConfig, Simulator};
 
 /// A recording simulator answering every model after `latency_ms`.
 fn slow_sim(latency_ms: u64) -> Simulator {

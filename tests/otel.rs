@@ -18,7 +18,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
-use tidegate::simulate::{Behavior, Fault};
+use tidegate_simulate::{Behavior, Fault};
 
 #[derive(Default)]
 struct Received {

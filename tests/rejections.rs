@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use serde_json::Value;
-use tidegate::simulate::Behavior;
+use tidegate_simulate::Behavior;
 
 async fn post(gw: &tidegate::server::Running, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
     let resp = client().post(url(gw, path)).body(body).send().await.unwrap();

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use tidegate::config::Config;
-use tidegate::simulate::{Behavior, SimConfig, Simulator};
+use tidegate_simulate::{Behavior, SimConfig, Simulator};
 
 fn simulator() -> Simulator {
     let config = SimConfig {

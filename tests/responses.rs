@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 use tidegate::protocol::Protocol;
-use tidegate::simulate::{Behavior, Fault, sse_frames};
+use tidegate_simulate::{Behavior, Fault, sse_frames};
 
 const RATE_LIMITED: &str =
     r#"{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}"#;

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use common::*;
 use serde_json::Value;
-use tidegate::simulate::{Behavior, Fault};
+use tidegate_simulate::{Behavior, Fault};
 use tokio::io::AsyncWriteExt;
 
 const C3009: &str = r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#;

@@ -8,8 +8,8 @@ mod common;
 
 use common::{UPSTREAM_KEY, gateway};
 use indicatif::ProgressBar;
-use tidegate::demo::{Aim, Run, burst};
-use tidegate::simulate::{SimConfig, Simulator};
+use tidegate_simulate::demo::{Aim, Run, burst};
+use tidegate_simulate::{SimConfig, Simulator};
 
 /// The burst's models: OpenAI requests name `models.0`, Anthropic ones
 /// `models.1` (through tidegate: aliases `o-…` and `a-…` for them).

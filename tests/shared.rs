@@ -13,11 +13,11 @@ use tokio::time::Instant;
 
 use common::*;
 use serde_json::Value;
-use tidegate::simulate::Behavior;
+use tidegate_simulate::Behavior;
 
 const ADMIN: &str = "shared-admin";
 
-fn config(listen: &str, redis: &str, sim: &tidegate::simulate::Simulator, extra: &str) -> String {
+fn config(listen: &str, redis: &str, sim: &tidegate_simulate::Simulator, extra: &str) -> String {
     format!(
         "listen: {listen}\njournal: \"off\"\nadmin_key: {ADMIN}\nstate: {redis}\nstate_lease_ttl: 2s\n\
          defaults:\n  retry: {{ base_delay: 20ms, max_delay: 100ms, max_attempts: 20 }}\n\
@@ -27,7 +27,7 @@ fn config(listen: &str, redis: &str, sim: &tidegate::simulate::Simulator, extra:
     )
 }
 
-async fn process_replica(redis: &str, sim: &tidegate::simulate::Simulator) -> Process {
+async fn process_replica(redis: &str, sim: &tidegate_simulate::Simulator) -> Process {
     let p = Process::spawn(|addr, _| config(addr, redis, sim, ""));
     wait_shared(&p.base(), true).await;
     p
@@ -37,7 +37,7 @@ async fn process_replica(redis: &str, sim: &tidegate::simulate::Simulator) -> Pr
 /// with their base URLs.
 async fn two_replicas(
     redis: &Redis,
-    sim: &tidegate::simulate::Simulator,
+    sim: &tidegate_simulate::Simulator,
 ) -> (tidegate::server::Running, String, Process, String) {
     let a = gateway(&config("127.0.0.1:0", &redis.url(), sim, "")).await;
     let a_base = format!("http://{}", a.addr);
@@ -105,7 +105,7 @@ async fn two_replicas_hold_one_cap_of_three() {
 
 /// The upstream never saw more than its cap of 3, nor refused anything
 /// since `before` refusals.
-fn within_cap(sim: &tidegate::simulate::Simulator, before: usize) {
+fn within_cap(sim: &tidegate_simulate::Simulator, before: usize) {
     assert_eq!(sim.state.rejected.load(Ordering::SeqCst), before, "the upstream refused requests over its cap");
     let most = sim.state.max_in_flight_of("capped");
     assert!(most <= 3, "the upstream saw {most} at once");

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use tidegate::simulate::{Behavior, Simulator};
+use tidegate_simulate::{Behavior, Simulator};
 use tokio::time::Instant;
 
 fn sim_for_shutdown() -> Simulator {

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use common::*;
 use futures_util::StreamExt;
 use tidegate::protocol::Protocol;
-use tidegate::simulate::{Behavior, Fault, sse_frames};
+use tidegate_simulate::{Behavior, Fault, sse_frames};
 
 const OVERLOADED: &str = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
 const BUSY_FRAME: &str = r#"{"error":{"code":"TM.00001041","message":"concurrency limit: 3 sessions"}}"#;
@@ -198,7 +198,7 @@ async fn broken_text_stream_is_resumed_into_one_answer() {
 
     let (_, _, text) = stream(&gw, "/v1/chat/completions", "gpt-resume").await;
     let first: Vec<u8> = sse_frames(Protocol::OpenAiChat, "real-gpt", 8)[..4].concat();
-    let rest: Vec<u8> = tidegate::simulate::sse_frames_from(Protocol::OpenAiChat, "real-gpt", 3, 8).concat();
+    let rest: Vec<u8> = tidegate_simulate::sse_frames_from(Protocol::OpenAiChat, "real-gpt", 3, 8).concat();
     assert_eq!(text.as_bytes(), [first, rest].concat().as_slice());
     assert_eq!(text.matches("tok2 ").count(), 1, "no text repeated");
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tidegate::config::Config;
 use tidegate::server::{self, Running};
-use tidegate::simulate::{Behavior, Fault, SimConfig, Simulator};
+use tidegate_simulate::{Behavior, Fault, SimConfig, Simulator};
 
 /// The upstream key tests configure; must never reach a client or a log.
 pub const UPSTREAM_KEY: &str = "sk-upstream-secret-123";

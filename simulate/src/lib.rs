@@ -31,11 +31,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 
 mod clouds;
+pub mod demo;
 
 pub use clouds::{AwsKey, Clouds, GoogleAccount};
 
-use crate::protocol::{self, Endpoint, Protocol};
-use crate::server::listen;
+use tidegate::protocol::{self, Endpoint, Protocol};
+use tidegate::server::listen;
 
 /// How the simulator answers one model.
 #[derive(Debug, Clone, Deserialize)]
@@ -253,7 +254,7 @@ impl SimConfig {
     /// errors name the field.
     pub fn from_yaml(text: &str) -> Result<SimConfig, ScenarioError> {
         let tree: yaml_serde::Value = yaml_serde::from_str(text).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
-        crate::config::from_tree(tree).map_err(ScenarioError::Invalid)
+        tidegate::config::from_tree(tree).map_err(ScenarioError::Invalid)
     }
 }
 

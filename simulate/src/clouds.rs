@@ -27,8 +27,8 @@ use http_body_util::Full;
 use serde::Deserialize;
 
 use super::{SimState, arrive, respond, serve};
-use crate::protocol::Endpoint;
-use crate::upstream::{bedrock, eventstream, vertex};
+use tidegate::protocol::Endpoint;
+use tidegate::upstream::{bedrock, eventstream, vertex};
 
 /// Credentials the cloud endpoints insist on (each unchecked when unset).
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -181,7 +181,12 @@ fn event_end(buf: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::sse_frames;
+
+    /// A chat stream of three words and an Anthropic stream of two, as a
+    /// provider sends them (fixtures, not the simulator: the gateway's
+    /// tests do not depend on the fake provider).
+    const CHAT: &[u8] = include_bytes!("fixtures/chat.sse");
+    const ANTHROPIC: &[u8] = include_bytes!("fixtures/anthropic.sse");
 
     fn scan_all(protocol: Protocol, bytes: &[u8], chunk: usize) -> (Scanner, Vec<Kind>) {
         let mut s = Scanner::new(protocol, 1 << 20);
@@ -197,9 +202,9 @@ mod tests {
 
     #[test]
     fn openai_stream_any_chunking() {
-        let bytes: Vec<u8> = sse_frames(Protocol::OpenAiChat, "m", 3).concat();
+        let bytes = CHAT;
         for chunk in [1, 7, 64, 10_000] {
-            let (s, kinds) = scan_all(Protocol::OpenAiChat, &bytes, chunk);
+            let (s, kinds) = scan_all(Protocol::OpenAiChat, bytes, chunk);
             assert_eq!(kinds.first(), Some(&Kind::Content));
             assert_eq!(kinds.last(), Some(&Kind::Done));
             assert_eq!(s.seen.text, "tok0 tok1 tok2 ");
@@ -210,8 +215,8 @@ mod tests {
 
     #[test]
     fn anthropic_stream_kinds_text_and_usage() {
-        let bytes: Vec<u8> = sse_frames(Protocol::Anthropic, "m", 2).concat();
-        let (s, kinds) = scan_all(Protocol::Anthropic, &bytes, 13);
+        let bytes = ANTHROPIC;
+        let (s, kinds) = scan_all(Protocol::Anthropic, bytes, 13);
         assert_eq!(kinds[0], Kind::Start);
         assert_eq!(kinds[2], Kind::KeepAlive);
         assert_eq!(*kinds.last().unwrap(), Kind::Done);

@@ -24,9 +24,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::Config;
-use crate::journal;
-use crate::simulate::{SimConfig, Simulator};
+use crate::{SimConfig, Simulator};
+use tidegate::config::Config;
+use tidegate::journal;
 
 /// Longest any one demo request may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -131,7 +131,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
 
     let sim = Simulator::start(loopback(), scenario).context("cannot start the simulator")?;
     let _ = std::fs::remove_file(&options.journal);
-    let gateway = crate::server::start(gateway_config(&sim, &options.journal)?).await?;
+    let gateway = tidegate::server::start(gateway_config(&sim, &options.journal)?).await?;
     let base = format!("http://{}", gateway.addr);
     let through = burst(n, &aim(format!("{base}/v1"), base), bar("through tidegate")).await;
     if options.progress {
@@ -151,7 +151,7 @@ fn loopback() -> SocketAddr {
 
 /// The README's "try it offline" config, which the demo runs as is, with
 /// its own simulator address, port and journal filled in.
-pub const TRY_CONFIG: &str = include_str!("../examples/try.yaml");
+pub const TRY_CONFIG: &str = include_str!("../../examples/try.yaml");
 
 fn gateway_config(sim: &Simulator, journal: &std::path::Path) -> anyhow::Result<Config> {
     let sim_addr = sim.addr.to_string();

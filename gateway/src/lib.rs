@@ -34,14 +34,14 @@
 //! stores a Responses API response; `anomaly` watches per-client volume;
 //! `request_id` makes the ids whose first half is the journal's row key.
 //!
-//! `simulate` is a fault-injecting upstream (with named scenarios) shared
-//! by the tests, the benchmark, `tidegate simulate` and `demo`, which runs
-//! one burst straight at it and one through tidegate.
+//! The fake provider is not here: the `tidegate-simulate` crate
+//! (`simulate/`) is a fault-injecting upstream with named scenarios, and
+//! the demo that runs one burst straight at it and one through tidegate;
+//! the command line (`src/main.rs`), the tests and the benches use it.
 
 pub mod anomaly;
 pub mod classify;
 pub mod config;
-pub mod demo;
 pub mod error;
 pub mod flood;
 pub mod gateway;
@@ -62,6 +62,5 @@ pub mod request_id;
 pub mod retry;
 pub mod server;
 pub mod shared;
-pub mod simulate;
 pub mod stream;
 pub mod upstream;
