@@ -15,7 +15,7 @@ use tidegate::config::Config;
 use tidegate::gateway::Gateway;
 use tidegate::protocol::{self, Endpoint};
 use tidegate::record::{AttemptLog, Verdict};
-use tidegate::relay::waiting::Progress;
+use tidegate::relay::progress::Progress;
 use tidegate::relay::{self, Answer, Job};
 
 /// A port nothing listens on (bound, then closed).
@@ -50,7 +50,6 @@ fn job(gw: &Arc<Gateway>, deadline: Duration) -> Job {
         who: tidegate::limits::Who::plain("-"),
         lane: None,
         trace: None,
-        resumes: 0,
         pin: None,
     }
 }
@@ -70,7 +69,7 @@ fn waits(attempts: &[AttemptLog]) -> Duration {
 async fn backoff_waits_are_the_time_that_passes() {
     let gw = gateway("max_attempts: 4, base_delay: 1s, max_delay: 4s", "breaker_failures: 100");
     let started = Instant::now();
-    let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+    let (_, relayed) = relay::relay(job(&gw, Duration::from_secs(60))).await;
     let elapsed = started.elapsed();
     assert_eq!(relayed.attempts.len(), 4, "{:?}", relayed.attempts);
     let verdicts: Vec<Verdict> = relayed.attempts.iter().map(|a| a.verdict).collect();
@@ -90,7 +89,7 @@ async fn backoff_waits_are_the_time_that_passes() {
 async fn the_deadline_ends_the_waiting() {
     let gw = gateway("max_attempts: 50, base_delay: 1s, max_delay: 4s", "breaker_failures: 100");
     let started = Instant::now();
-    let relayed = relay::relay(job(&gw, Duration::from_millis(2500))).await;
+    let (_, relayed) = relay::relay(job(&gw, Duration::from_millis(2500))).await;
     let elapsed = started.elapsed();
     assert!(elapsed <= Duration::from_millis(2500), "answered after the deadline: {elapsed:?}");
     assert!(relayed.attempts.len() >= 2, "{:?}", relayed.attempts);
@@ -101,23 +100,23 @@ async fn the_deadline_ends_the_waiting() {
 async fn an_open_breaker_fails_fast_until_its_cooldown_ends() {
     let gw = gateway("max_attempts: 1", "breaker_failures: 2, breaker_cooldown: 10s");
     for _ in 0..2 {
-        let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+        let (_, relayed) = relay::relay(job(&gw, Duration::from_secs(60))).await;
         assert_eq!(relayed.attempts.len(), 1);
     }
     // Open: no attempt, an answer at once naming the probe time.
     let started = Instant::now();
-    let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+    let (_, relayed) = relay::relay(job(&gw, Duration::from_secs(60))).await;
     assert_eq!(started.elapsed(), Duration::ZERO);
     assert!(relayed.attempts.is_empty(), "{:?}", relayed.attempts);
     let text = message(&relayed.answer);
     assert!(text.contains("circuit breaker is open") && text.contains("10s"), "{text}");
     // Still open a second before the cooldown ends...
     tokio::time::advance(Duration::from_secs(9)).await;
-    let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+    let (_, relayed) = relay::relay(job(&gw, Duration::from_secs(60))).await;
     assert!(relayed.attempts.is_empty());
     assert!(message(&relayed.answer).contains("1.0s"), "{}", message(&relayed.answer));
     // ...and a probe goes out once it has.
     tokio::time::advance(Duration::from_secs(1)).await;
-    let relayed = relay::relay(job(&gw, Duration::from_secs(60))).await;
+    let (_, relayed) = relay::relay(job(&gw, Duration::from_secs(60))).await;
     assert_eq!(relayed.attempts.len(), 1, "the half-open probe");
 }

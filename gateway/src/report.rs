@@ -1,11 +1,11 @@
-//! What one request did, told once, when it is really over.
+//! What one request did, written out once, when it is really over.
 //!
-//! A request's end is not when its handler returns: a stream ends when its
-//! last byte is sent, or when the client goes away mid-way. The [`Report`]
-//! travels with the response body and is finished exactly once — by
-//! whoever sees the end — with an honest outcome. Dropped unfinished, it
-//! records the request as cancelled. Today it writes the request's log
-//! line; the journal reads the same record.
+//! A [`Report`] is a plain value: the request's owner
+//! ([`crate::exchange::Exchange`]) fills it in as things happen and, at
+//! the end it alone sees, writes it out once with [`Report::write`] — the
+//! request's log line, its metrics, the dashboard's buckets, its spans
+//! and its journal row. Where a request is counted in flight, and what a
+//! request dropped unfinished means, is the owner's business.
 
 use std::time::Duration;
 
@@ -62,13 +62,6 @@ pub struct Report {
     pub counted_only: bool,
     /// Its trace, when `otel` is configured.
     pub trace: Option<Arc<crate::otel::TraceCtx>>,
-    /// The request's place in its client key's lane: released (and its
-    /// tpm settled with `usage`) when the report finishes.
-    pub pass: Option<crate::lanes::Pass>,
-    /// Where the record goes besides the log line (counted as in flight
-    /// there until finished: see [`Report::into`]).
-    sink: Option<Arc<Sink>>,
-    finished: bool,
 }
 
 /// Where a finished report goes: the journal and the metrics.
@@ -138,19 +131,8 @@ impl Report {
             completion_from: None,
             anomaly: false,
             counted_only: false,
-            pass: None,
             trace: None,
-            sink: None,
-            finished: false,
         }
-    }
-
-    /// Sends this report to `sink` when it finishes, counting the request
-    /// as in flight until then.
-    pub fn into(mut self, sink: Arc<Sink>) -> Self {
-        sink.active.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        self.sink = Some(sink);
-        self
     }
 
     fn count(&self, outcome: Outcome, sink: &Sink) {
@@ -207,35 +189,20 @@ impl Report {
         }
     }
 
-    /// Records the end with `outcome` and writes the request's log line.
-    pub fn finish(mut self, outcome: Outcome) {
-        self.write(outcome);
-    }
-
-    fn write(&mut self, outcome: Outcome) {
-        if self.finished {
-            return;
-        }
-        self.finished = true;
-        if let Some(mut pass) = self.pass.take() {
-            pass.settle(self.usage.input.unwrap_or(0) + self.usage.output.unwrap_or(0));
-        }
-        let sink = self.sink.take();
-        if let Some(sink) = &sink {
-            self.count(outcome, sink);
-            sink.active.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        }
+    /// Writes the request out with `outcome`: metrics and the dashboard's
+    /// buckets always; unless it is counted only, its spans, its log line
+    /// and (last: the row takes the strings the report owns) its journal
+    /// row.
+    pub fn write(mut self, outcome: Outcome, sink: &Sink) {
+        self.count(outcome, sink);
         if self.counted_only {
             return;
         }
-        if let (Some(sink), Some(trace)) = (&sink, self.trace.take()) {
+        if let Some(trace) = self.trace.take() {
             self.export(outcome, sink, &trace);
         }
-        self.log_line(outcome, sink.as_ref().is_some_and(|s| s.journal.is_some()));
-        // Last: the journal's record takes the strings the report owns.
-        if let Some(sink) = &sink
-            && let Some(journal) = &sink.journal
-        {
+        self.log_line(outcome, sink.journal.is_some());
+        if let Some(journal) = &sink.journal {
             let record = self.record(outcome, sink);
             journal.record(record);
         }
@@ -324,16 +291,6 @@ impl Report {
     }
 }
 
-impl Drop for Report {
-    fn drop(&mut self) {
-        // Nobody saw the end: the client went away (hyper dropped the
-        // handler or the body) before it came.
-        if !self.finished {
-            self.write(Outcome::Cancelled);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,6 +303,5 @@ mod tests {
         let line = report.line(Outcome::Rejected);
         assert!(!line.contains('\n') && !line.contains('\r') && !line.contains('\0'), "{line}");
         assert!(line.contains("model=gpt\\u{a}2026"), "{line}");
-        report.finish(Outcome::Rejected);
     }
 }

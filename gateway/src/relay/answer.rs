@@ -10,9 +10,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::StatusCode;
 
-use super::strip_hop_by_hop;
 use crate::classify::{Class, Outcome};
 use crate::error::GatewayError;
+use crate::headers::strip_hop_by_hop;
 use crate::limits::Refused;
 use crate::protocol::{ErrorKind, Protocol};
 use crate::record::WaitSource;

@@ -15,17 +15,18 @@
 //! final answer, returned verbatim. Waiting ends the moment the client
 //! goes away: hyper drops this future, and with it the sleep and any
 //! upstream call. A stream continuation (`stream_resume`) is one more run
-//! of this same loop ([`continuation`]).
+//! of this same loop, asked for by the request's owner
+//! ([`crate::exchange`]).
 
 mod answer;
+pub mod progress;
 mod targets;
-pub mod waiting;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName};
+use http::header;
 use http::{HeaderMap, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
@@ -35,6 +36,7 @@ pub use answer::Answer;
 use crate::classify::{self, Class, Outcome, TransportFailure};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
+use crate::headers;
 use crate::lanes::{Lane, Pass};
 use crate::limits::{Permit, Who};
 use crate::protocol::{self, Endpoint, Protocol, RequestHead};
@@ -43,16 +45,12 @@ use crate::retry::{self, Decision, GiveUp, Situation};
 use crate::stream::RelayBody;
 use crate::stream::handshake::{self, Handshake};
 use crate::stream::json_end::{self, JsonEnd};
-use crate::stream::resume::{self, Resume};
 use crate::upstream::{SendError, Upstream};
+use progress::Progress;
 use targets::{Pick, Targets};
-use waiting::Progress;
 
 /// Token estimate for a request without `max_tokens` (rate limits).
 const DEFAULT_MAX_TOKENS: u64 = 1024;
-
-/// Continuations per request when `stream_resume` is on.
-pub const MAX_RESUMES: u8 = 2;
 
 /// Largest error body read for classification.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
@@ -61,18 +59,9 @@ const MAX_ERROR_BODY: usize = 1024 * 1024;
 /// answers can say `failed` under 200); a larger one fails the attempt.
 const MAX_CHECKED_ANSWER: usize = 64 * 1024 * 1024;
 
-/// Response headers that describe one hop and must not be relayed.
-const HOP_BY_HOP: &[HeaderName] = &[
-    header::CONNECTION,
-    header::TRANSFER_ENCODING,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-    header::PROXY_AUTHENTICATE,
-];
-
-/// One request, owned, so the loop can outlive the handler (a committed
-/// keep-alive stream runs it inside its body).
+/// One routed request, owned by the attempt loop while it runs (the loop
+/// can outlive the handler: a committed keep-alive stream polls it in its
+/// body) and given back to the request's owner when it ends.
 #[derive(Clone)]
 pub struct Job {
     /// Shared gateway state.
@@ -98,8 +87,6 @@ pub struct Job {
     /// The key's lane, entered before the first attempt (`None`: no
     /// client keys, or a continuation of a request already in it).
     pub lane: Option<Arc<Lane>>,
-    /// Continuations this request may still ask for.
-    pub resumes: u8,
     /// Its trace (ids, attempt times), when `otel` is configured.
     pub trace: Option<Arc<crate::otel::TraceCtx>>,
     /// The upstream that stores the state this request continues
@@ -126,6 +113,8 @@ pub struct Relayed {
     pub queue_wait: Duration,
     /// The request's place in its key's lane, held until its last byte.
     pub pass: Option<Pass>,
+    /// The upstream slot of a 2xx answer, held until its last byte.
+    pub permit: Option<Permit>,
 }
 
 /// What a single attempt produced.
@@ -152,37 +141,45 @@ fn tokens_of(job: &Job) -> u64 {
 }
 
 /// Enters the client key's lane, then runs attempts across the alias's
-/// targets until success, a final error, or the deadline.
+/// targets until success, a final error, or the deadline; gives the job
+/// back with the result.
 ///
 /// Not an `async fn`: one keeps each argument twice in its future, the
 /// argument and the local it is moved into, and this future is boxed and
 /// resident for every request in flight.
-#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
-pub fn relay(job: Job) -> impl Future<Output = Relayed> + Send {
+#[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+pub fn relay(job: Job) -> impl Future<Output = (Job, Relayed)> + Send {
     async move {
-        let Some(lane) = job.lane.clone() else { return attempts(&job).await };
-        let started = Instant::now();
-        let entered = tokio::select! {
-            biased;
-            entered = lane.enter(&job.who, job.route, tokens_of(&job), job.deadline) => entered,
-            () = job.gw.closing.cancelled() => Err(GatewayError::ShuttingDown),
-        };
-        let in_lane = started.elapsed();
-        match entered {
-            Ok(pass) => {
-                let mut relayed = attempts(&job).await;
-                relayed.queue_wait += in_lane;
-                relayed.pass = Some(pass);
-                relayed
-            }
-            Err(error) => Relayed {
-                answer: Answer::Gateway(error),
-                upstream: None,
-                attempts: Vec::new(),
-                queue_wait: in_lane,
-                pass: None,
-            },
+        let relayed = in_lane(&job).await;
+        (job, relayed)
+    }
+}
+
+/// The key's lane (when it has one), then the attempts.
+async fn in_lane(job: &Job) -> Relayed {
+    let Some(lane) = job.lane.clone() else { return attempts(job).await };
+    let started = Instant::now();
+    let entered = tokio::select! {
+        biased;
+        entered = lane.enter(&job.who, job.route, tokens_of(job), job.deadline) => entered,
+        () = job.gw.closing.cancelled() => Err(GatewayError::ShuttingDown),
+    };
+    let in_lane = started.elapsed();
+    match entered {
+        Ok(pass) => {
+            let mut relayed = attempts(job).await;
+            relayed.queue_wait += in_lane;
+            relayed.pass = Some(pass);
+            relayed
         }
+        Err(error) => Relayed {
+            answer: Answer::Gateway(error),
+            upstream: None,
+            attempts: Vec::new(),
+            queue_wait: in_lane,
+            pass: None,
+            permit: None,
+        },
     }
 }
 
@@ -197,6 +194,7 @@ async fn attempts(job: &Job) -> Relayed {
             attempts: Vec::new(),
             queue_wait: Duration::ZERO,
             pass: None,
+            permit: None,
         };
     };
     let mut run = Run {
@@ -323,6 +321,7 @@ impl<'a> Run<'a> {
             attempts: std::mem::take(&mut self.attempts),
             queue_wait: self.queue_wait,
             pass: None,
+            permit: None,
         }
     }
 
@@ -407,7 +406,9 @@ impl<'a> Run<'a> {
                 {
                     self.job.gw.pins.remember(id, index);
                 }
-                body.hold(permit);
+                let mut relayed = self.stop(answer, Some(ti));
+                relayed.permit = Some(permit);
+                return relayed;
             }
             Answer::Verbatim { .. } | Answer::Gateway(_) => permit.settle(0),
         }
@@ -552,7 +553,7 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &st
         return Attempt::Failure(outcome, Some((parts, bytes)));
     }
     let (mut parts, incoming) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+    headers::strip_hop_by_hop(&mut parts.headers);
     let idle = upstream.config.stream_idle_timeout;
     let protocol = job.protocol();
     let name = (index, upstream.config.name.as_str());
@@ -593,14 +594,6 @@ async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &st
         Handshake::Open { inner, scanner, ready } => {
             let mut body = RelayBody::sse(inner, idle, scanner, ready, protocol, name);
             body.close_with(&job.gw.closing);
-            let route = job.gw.config.models.get_index(job.route).map(|(_, r)| r);
-            if job.resumes > 0 && route.is_some_and(|r| r.stream_resume) {
-                body.enable_resume(Resume {
-                    reopen: continuation(job.clone()),
-                    deadline: job.deadline,
-                    tries: job.resumes,
-                });
-            }
             Attempt::Success(Answer::Stream(parts, Box::new(body)))
         }
         Handshake::Rejected(data) => carried_failure(&parts.headers, data, upstream),
@@ -645,41 +638,6 @@ fn carried_failure(headers: &HeaderMap, data: Bytes, upstream: &Upstream) -> Att
     *error.status_mut() = if status.is_success() { StatusCode::BAD_GATEWAY } else { status };
     error.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     Attempt::Failure(outcome, Some((error.into_parts().0, data)))
-}
-
-/// The function a broken stream calls to continue: the same request with
-/// the partial answer as the assistant's turn, run through [`relay`] like
-/// any request (target choice, limits, classification, health, journal),
-/// its opening events dropped.
-fn continuation(job: Job) -> resume::Reopen {
-    Box::new(move |partial: &str| {
-        let protocol = job.protocol();
-        let body = protocol.continuation_body(&job.body, partial, &job.head.model)?;
-        let head = protocol::peek(&body).ok()?;
-        let mut next = job.clone();
-        next.body = body;
-        next.head = head;
-        next.resumes = 0;
-        // Still the same request: its lane pass is held by the stream.
-        next.lane = None;
-        next.progress = Arc::new(Progress::default());
-        let reopening: resume::Reopening = Box::pin(async move {
-            let relayed = relay(next).await;
-            let opened = match relayed.answer {
-                Answer::Stream(_, body) => {
-                    body.into_continuation().ok_or_else(|| "the continuation was not a stream".to_owned())
-                }
-                Answer::Verbatim { parts, body, .. } => Err(format!(
-                    "the continuation was answered {}: {}",
-                    parts.status.as_u16(),
-                    classify::summary::summarize(&body)
-                )),
-                Answer::Gateway(error) => Err(error.to_string()),
-            };
-            (opened, relayed.attempts)
-        });
-        Some(reopening)
-    })
 }
 
 /// What makes an answer no answer at all, if anything (see
@@ -741,11 +699,4 @@ async fn read_error(
         parts.headers.remove(header::CONTENT_ENCODING);
     }
     (parts, bytes)
-}
-
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
 }

@@ -1,28 +1,25 @@
-//! Thin handlers: authenticate, read, route, hand over to the relay, label
-//! the answer.
+//! Thin handlers: admit (key, origin, body), route ([`crate::route`]),
+//! hand the request's [`Exchange`] the attempt loop, answer.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use http::{HeaderMap, HeaderName, HeaderValue, header, request::Parts};
+use http::{HeaderMap, HeaderValue, header};
 use tokio::time::Instant;
 
 use super::auth::{authenticate, local_only};
 use super::body;
 use crate::anomaly::Verdict;
-use crate::config::ModelRoute;
 use crate::error::GatewayError;
+use crate::exchange::body::ExchangeBody;
+use crate::exchange::{Exchange, Running};
 use crate::gateway::Gateway;
-use crate::limits::Priority;
+use crate::headers;
 use crate::protocol::{self, Endpoint, Family, Protocol};
-use crate::record::Outcome;
-use crate::relay::waiting::{Progress, RelayFuture, WaitingBody};
-use crate::relay::{self, Answer, Job, Relayed};
-use crate::report::Report;
-use crate::upstream::HOP_HEADER;
+use crate::relay::progress::Progress;
+use crate::route;
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
@@ -95,7 +92,9 @@ pub async fn fallback(State(gw): State<Arc<Gateway>>, req: Request) -> Response 
     let (parts, body) = req.into_parts();
     body::discard(body, &parts.headers, gw.config.body_timeout).await;
     gw.sink.refused(error.reason());
-    label(error.into_response(protocol), crate::request_id::next(), None, 0)
+    let mut response = error.into_response(protocol);
+    headers::label(response.headers_mut(), crate::request_id::next(), None, 0);
+    response
 }
 
 /// A known path with the wrong method: a protocol-shaped 405.
@@ -105,49 +104,43 @@ pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Respo
     let (parts, body) = req.into_parts();
     body::discard(body, &parts.headers, gw.config.body_timeout).await;
     gw.sink.refused(error.reason());
-    label(error.into_response(protocol), crate::request_id::next(), None, 0)
+    let mut response = error.into_response(protocol);
+    headers::label(response.headers_mut(), crate::request_id::next(), None, 0);
+    response
 }
 
-/// A model endpoint's request, from arrival to the answer's head.
-#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+/// A model endpoint's request, from arrival to the answer's head:
+/// admission, routing, then the attempt loop, all owned by one
+/// [`Exchange`].
+#[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
 pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl Future<Output = Response> + Send {
     // Not an `async fn`: it would keep the request twice in this future,
     // which lives as long as the request (see `relay::relay`).
     async move {
         let protocol = endpoint.protocol();
-        let id = crate::request_id::next();
         // One clock read for the request's arrival: its report, deadline,
         // lane and volume count all start from it.
         let arrived = Instant::now();
-        let mut report = Report::new(id, arrived).into(gw.sink.clone());
-        if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
-            // Shutting down: an honest 503 at once, and no keep-alive, so the
-            // client goes to another replica.
-            let error = GatewayError::ShuttingDown;
-            let (parts, body) = req.into_parts();
-            body::discard(body, &parts.headers, gw.config.body_timeout).await;
-            report.status = error.status().as_u16();
-            report.error = Some(error.to_string());
-            report.finish(Outcome::Rejected);
-            let mut response = label(error.into_response(protocol), id, None, 0);
-            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return response;
-        }
+        let mut exchange = Exchange::arrive(crate::request_id::next(), arrived, gw.sink.clone());
         let (parts, body) = req.into_parts();
-        let mut job = match prepare(&gw, endpoint, parts, body, &mut report).await {
-            Ok(job) => job,
-            Err(error) => {
-                report.status = error.status().as_u16();
-                report.error = Some(error.to_string());
-                if let GatewayError::Unauthorized | GatewayError::Forbidden(_) = &error {
-                    report.counted_only = !gw.sink.refused(error.reason());
-                }
-                report.finish(Outcome::Rejected);
-                return label(error.into_response(protocol), id, None, 0);
+        if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
+            // Shutting down: an honest 503 at once.
+            body::discard(body, &parts.headers, gw.config.body_timeout).await;
+            return exchange.reject(GatewayError::ShuttingDown, protocol);
+        }
+        let body = match admit(&gw, &parts.headers, body).await {
+            Ok((client, body)) => {
+                exchange.record().client = client;
+                body
             }
+            Err(error) => return exchange.reject(error, protocol),
+        };
+        let mut job = match route::route(&gw, endpoint, parts.headers, body, exchange.record()).await {
+            Ok(job) => job,
+            Err(error) => return exchange.reject(error, protocol),
         };
         if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {
-            report.anomaly = true;
+            exchange.record().anomaly = true;
             let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
             if let (true, Some(lane)) = (penalised, &job.lane) {
                 // This request already goes at the penalty's priority.
@@ -165,278 +158,64 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
             }
         }
         let keepalive = if job.head.stream { gw.config.stream_keepalive_after } else { None };
-        let progress = job.progress.clone();
-        let mut relay_future: RelayFuture = Box::pin(relay::relay(job));
-        let relayed = match keepalive {
-            None => relay_future.await,
-            Some(after) => {
+        let progress = keepalive.map(|_| job.progress.clone());
+        let mut running = exchange.start(job);
+        let ran = match (keepalive, progress) {
+            (Some(after), Some(progress)) => {
                 tokio::select! {
-                    relayed = &mut relay_future => relayed,
+                    ran = &mut running => ran,
                     () = tokio::time::sleep(after) => {
-                        return commit_waiting(&gw, protocol, relay_future, progress, report);
+                        return commit_waiting(&gw, protocol, exchange, running, progress);
                     }
                 }
             }
+            _ => running.await,
         };
-        respond(&gw, protocol, relayed, report)
+        let answer = exchange.absorb(ran);
+        exchange.respond(answer, protocol)
     }
 }
 
-/// The relay finished before any keep-alive: answer with its result.
-fn respond(gw: &Gateway, protocol: Protocol, relayed: Relayed, mut report: Report) -> Response {
-    let upstream = relayed.upstream.and_then(|i| gw.sink.names.get(i)).cloned();
-    let attempts = relayed.attempts.len();
-    report.upstream = upstream.clone();
-    report.attempts = relayed.attempts;
-    report.queue_wait = relayed.queue_wait;
-    report.pass = relayed.pass;
-    report.class = relayed.answer.class();
-    let id = report.id;
-    let response = match relayed.answer {
-        Answer::Stream(parts, mut body) => {
-            report.status = parts.status.as_u16();
-            body.attach(report);
-            Answer::Stream(parts, body).into_response(protocol)
-        }
-        other => {
-            let outcome = match &other {
-                Answer::Gateway(GatewayError::QueueFull { .. } | GatewayError::ClientLimit { .. }) => Outcome::Rejected,
-                Answer::Gateway(_) => Outcome::Failed,
-                // The upstream's own error, passed on: the request failed.
-                Answer::Verbatim { .. } => Outcome::Failed,
-                Answer::Stream(..) => Outcome::Completed,
-            };
-            if let Answer::Gateway(error) = &other {
-                report.error = Some(error.to_string());
-            }
-            let response = other.into_response(protocol);
-            report.status = response.status().as_u16();
-            report.finish(outcome);
-            response
-        }
-    };
-    label(response, id, upstream.as_deref(), attempts)
-}
-
-/// The relay is still waiting after `stream_keepalive_after`: commit 200
-/// and SSE headers now, and let the body run the rest of the loop.
+/// The loop is still waiting after `stream_keepalive_after`: commit 200
+/// and SSE headers now, and let the body own the rest of the request.
 fn commit_waiting(
     gw: &Gateway,
     protocol: Protocol,
-    relay: RelayFuture,
+    mut exchange: Exchange,
+    running: Running,
     progress: Arc<Progress>,
-    mut report: Report,
 ) -> Response {
-    report.status = 200;
-    let id = report.id;
-    let attempts = progress.attempt.load(std::sync::atomic::Ordering::Relaxed) as usize;
-    let body =
-        WaitingBody::new(relay, gw.config.stream_keepalive_every, progress, gw.sink.names.clone(), protocol, report);
+    exchange.record().status = 200;
+    let id = exchange.id();
+    let attempts = progress.attempts() as usize;
+    let body = ExchangeBody::waiting(exchange, running, gw.config.stream_keepalive_every, progress, protocol);
     let mut response = Response::new(Body::new(body));
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    label(response, id, None, attempts)
-}
-
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-tidegate-request-id");
-const UPSTREAM: HeaderName = HeaderName::from_static("x-tidegate-upstream");
-const ATTEMPTS: HeaderName = HeaderName::from_static("x-tidegate-attempts");
-const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-
-/// The headers every answer carries. (Static names and small counts
-/// need no allocation: this runs for every request.)
-fn label(mut response: Response, id: uuid::Uuid, upstream: Option<&str>, attempts: usize) -> Response {
     let headers = response.headers_mut();
-    let mut text = uuid::Uuid::encode_buffer();
-    if let Ok(v) = HeaderValue::from_str(id.hyphenated().encode_lower(&mut text)) {
-        headers.insert(REQUEST_ID, v);
-    }
-    let upstream = upstream.and_then(|u| HeaderValue::try_from(u).ok());
-    headers.insert(UPSTREAM, upstream.unwrap_or(HeaderValue::from_static("none")));
-    let attempts = match DIGITS.get(attempts) {
-        Some(digit) => HeaderValue::from_static(digit),
-        None => HeaderValue::from(attempts),
-    };
-    headers.insert(ATTEMPTS, attempts);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers::label(headers, id, None, attempts);
     response
 }
 
-/// Everything before the first upstream call: auth, body, model, route,
-/// deadline. Errors here are tidegate's own answers.
-#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
-fn prepare<'a>(
-    gw: &'a Arc<Gateway>,
-    endpoint: Endpoint,
-    parts: Parts,
-    body: Body,
-    report: &'a mut Report,
-) -> impl Future<Output = Result<Job, GatewayError>> + Send + 'a {
-    // Not an `async fn`: it would keep the request's head twice.
-    async move {
-        let admitted = match authenticate(&gw.config.client_keys, &parts.headers) {
-            Ok(name) if !gw.config.client_keys.is_empty() => Ok(name),
-            Ok(name) => {
-                local_only(&parts.headers, &gw.config.allowed_origins).map(|()| name).map_err(GatewayError::Forbidden)
-            }
-            Err(()) => Err(GatewayError::Unauthorized),
-        };
-        match admitted {
-            Ok(name) => report.client = name.map(str::to_owned),
-            Err(refused) => {
-                body::discard(body, &parts.headers, gw.config.body_timeout).await;
-                return Err(refused);
-            }
-        }
-        let body = body::read(body, &parts.headers, gw.config.max_body, gw.config.body_timeout).await?;
-        let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
-        report.stream = head.stream;
-        let found = gw.config.find_route(&head.model);
-        // A configured alias is recorded as the config's shared string; a name
-        // a pattern matched, as asked.
-        report.model =
-            Some(match found.and_then(|(i, _)| gw.aliases.get(i)).filter(|a| a.as_ref() == head.model.as_str()) {
-                Some(alias) => alias.clone(),
-                None => Arc::from(head.model.as_str()),
-            });
-        let family = endpoint.protocol().family();
-        let (route, model) = match found {
-            Some((index, model)) if model.protocol == family => (index, model),
-            Some((_, model)) => {
-                return Err(GatewayError::UnknownModel(format!(
-                    "model {:?} is served by {} upstreams, not on {endpoint} ({}: {})",
-                    head.model,
-                    model.protocol,
-                    model.protocol,
-                    endpoints_of(model.protocol)
-                )));
-            }
-            None => {
-                let known: Vec<&str> = gw.config.aliases(family).collect();
-                return Err(GatewayError::UnknownModel(format!(
-                    "model {:?} is not configured on this gateway; available: {}",
-                    head.model,
-                    if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
-                )));
-            }
-        };
-        let serving = |t: &crate::config::Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
-        if !model.targets.iter().any(serving) {
-            let kinds: Vec<&str> =
-                model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
-            return Err(GatewayError::UnknownModel(format!(
-                "model {:?} has no target that serves {endpoint} (its upstreams are {}; bedrock and vertex serve \
-                 /v1/messages only)",
-                head.model,
-                kinds.join(", ")
-            )));
-        }
-        let deadline = deadline(model.deadline, &parts.headers, report.started)?;
-        let pin = match &head.previous_response_id {
-            Some(id) => pinned(gw, id, model).await?,
-            None => None,
-        };
-        let asked = match parts.headers.get("x-tidegate-priority") {
-            None => None,
-            Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
-                GatewayError::BadRequest(format!(
-                    "x-tidegate-priority: {:?} is not a priority (interactive or batch)",
-                    String::from_utf8_lossy(v.as_bytes())
-                ))
-            })?),
-        };
-        let lane = report.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
-        let trace = gw
-            .sink
-            .tracer
-            .as_ref()
-            .map(|_| Arc::new(crate::otel::TraceCtx::start(&parts.headers, endpoint.operation(), family.as_str())));
-        report.trace = trace.clone();
-        let who = match &lane {
-            Some(lane) => lane.who(asked, report.started),
-            None => gw.lanes.anonymous(asked.unwrap_or_default()),
-        };
-        Ok(Job {
-            gw: gw.clone(),
-            endpoint,
-            route,
-            chained: parts.headers.contains_key(HOP_HEADER),
-            head,
-            body,
-            client_headers: unpinned(parts.headers),
-            deadline,
-            progress: Arc::new(Progress::default()),
-            who,
-            lane,
-            trace,
-            resumes: relay::MAX_RESUMES,
-            pin,
-        })
-    }
-}
-
-/// The client's headers with their values copied out of hyper's read
-/// buffer. Parsed values are slices of that buffer; a request keeps its
-/// headers and body to its end (retries resend them), and a buffer still
-/// referenced cannot be reused in place: hyper's read for a client hanging
-/// up mid-request then allocates a fresh one, and each request in flight
-/// holds two. A few small copies cost less (peak RSS with 1000 requests in
-/// flight −3 MiB, throughput unchanged: `bench/core.sh`). The values are
-/// copied into one buffer that each new value is a slice of: two
-/// allocations for all of them, not one each.
-fn unpinned(headers: HeaderMap) -> HeaderMap {
-    let mut copy = bytes::BytesMut::with_capacity(headers.values().map(|v| v.len()).sum());
-    for value in headers.values() {
-        copy.extend_from_slice(value.as_bytes());
-    }
-    let copy = copy.freeze();
-    let mut out = HeaderMap::with_capacity(headers.len());
-    let mut at = 0;
-    for (name, value) in &headers {
-        let end = at + value.len();
-        if let Ok(v) = HeaderValue::from_maybe_shared(copy.slice(at..end)) {
-            out.append(name.clone(), v);
-        }
-        at = end;
-    }
-    out
-}
-
-/// The upstream that stores response `id`, which a request continuing it
-/// must go to. Unknown ids (never seen, expired) are routed as usual: the
-/// provider says whether it has them.
-async fn pinned(gw: &Gateway, id: &str, route: &ModelRoute) -> Result<Option<usize>, GatewayError> {
-    let Some(upstream) = gw.pins.find(id).await else { return Ok(None) };
-    if route.targets.iter().any(|t| t.upstream == upstream) {
-        return Ok(Some(upstream));
-    }
-    let name = gw.sink.names.get(upstream).map_or("?", String::as_str);
-    Err(GatewayError::BadRequest(format!(
-        "previous_response_id {id:?} is stored at upstream {name}, which this model does not route to; \
-         ask the model that produced it"
-    )))
-}
-
-/// The endpoints an upstream family serves, for messages.
-fn endpoints_of(family: Family) -> String {
-    let paths: Vec<&str> = Endpoint::ALL.iter().filter(|e| e.protocol().family() == family).map(|e| e.path()).collect();
-    paths.join(", ")
-}
-
-/// The request's deadline: the alias's, shortened (never lengthened) by a
-/// client's `x-tidegate-deadline: 30s`.
-fn deadline(route_deadline: Duration, headers: &HeaderMap, arrived: Instant) -> Result<Instant, GatewayError> {
-    let asked = match headers.get("x-tidegate-deadline") {
-        None => None,
-        Some(v) => {
-            let text = v.to_str().unwrap_or_default().trim();
-            match humantime::parse_duration(text) {
-                Ok(d) => Some(d),
-                Err(_) => return Err(GatewayError::BadDeadline(text.to_string())),
-            }
+/// Admission: the client key (or, with no keys configured, a local
+/// origin), then the body within `max_body` and `body_timeout`. A refused
+/// request's body is read and dropped first, so the client can read the
+/// refusal. Returns the key's name and the body.
+async fn admit(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<(Option<String>, bytes::Bytes), GatewayError> {
+    let admitted = match authenticate(&gw.config.client_keys, headers) {
+        Ok(name) if !gw.config.client_keys.is_empty() => Ok(name),
+        Ok(name) => local_only(headers, &gw.config.allowed_origins).map(|()| name).map_err(GatewayError::Forbidden),
+        Err(()) => Err(GatewayError::Unauthorized),
+    };
+    let name = match admitted {
+        Ok(name) => name.map(str::to_owned),
+        Err(refused) => {
+            body::discard(body, headers, gw.config.body_timeout).await;
+            return Err(refused);
         }
     };
-    let budget = asked.map_or(route_deadline, |d| d.min(route_deadline));
-    Ok(arrived + budget)
+    let body = body::read(body, headers, gw.config.max_body, gw.config.body_timeout).await?;
+    Ok((name, body))
 }
 
 #[cfg(test)]

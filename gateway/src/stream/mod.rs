@@ -10,6 +10,10 @@
 //! the stream is complete, whatever the connection does next: nothing
 //! more is read from it. Dropping the body (client gone) drops the
 //! upstream connection at once.
+//!
+//! The body does not own the request: its owner ([`crate::exchange`])
+//! polls it, takes its [`End`] when it has one, and is asked
+//! ([`RelayBody::asked`]) when a broken stream may be continued.
 
 pub mod handshake;
 pub mod json_end;
@@ -28,11 +32,9 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::classify::Class;
-use crate::limits::Permit;
 use crate::protocol::events::Kind;
 use crate::protocol::{ErrorKind, Protocol};
-use crate::record::{AttemptLog, Outcome, Verdict};
-use crate::report::Report;
+use crate::record::{AttemptLog, Outcome, Usage, Verdict};
 use sse::Scanner;
 
 /// Most text kept for a report of a broken stream.
@@ -47,6 +49,35 @@ pub enum BodyError {
     /// No chunk within the idle limit.
     #[error("upstream sent nothing for {0:?}")]
     Idle(Duration),
+}
+
+/// How an answer ended, for its owner's record.
+#[derive(Debug)]
+pub struct End {
+    /// Completed, or incomplete (broken, cut, an error event mid-way).
+    pub outcome: Outcome,
+    /// Tokens the upstream reported.
+    pub usage: Usage,
+    /// How a JSON answer's completion was told when not from its own
+    /// bytes (see [`json_end::Judged::label`]).
+    pub completion_from: Option<&'static str>,
+    /// The text delivered before an incomplete stream broke.
+    pub partial: Option<String>,
+    /// The class of an incomplete stream's failure.
+    pub class: Option<Class>,
+    /// Why it did not complete.
+    pub error: Option<String>,
+}
+
+/// A broken stream the owner may continue: why it broke, the text
+/// delivered so far, and the attempt row that says so.
+pub struct Ask<'a> {
+    /// Why it broke.
+    pub why: &'a str,
+    /// The text delivered so far (the continuation's assistant turn).
+    pub text: &'a str,
+    /// The row for the request's attempts.
+    pub log: AttemptLog,
 }
 
 /// Upstream body on its way to the client.
@@ -65,12 +96,15 @@ pub struct RelayBody {
     upstream: (usize, String),
     /// A last frame to send (a synthesised error event), then the end.
     last: Option<Bytes>,
-    report: Option<Report>,
     outcome: Option<(Outcome, Option<String>)>,
-    resume: Option<Box<resume::Resume>>,
-    /// A continuation being opened (an attempt through the relay), and
-    /// why the stream broke.
-    reopening: Option<(resume::Reopening, String)>,
+    /// How it ended, once it has, until the owner takes it.
+    ended: Option<End>,
+    /// Continuations it may still ask for, and until when.
+    resumes: u8,
+    resume_until: Instant,
+    /// The stream broke and may be continued: why, until the owner
+    /// answers (with a continuation, or a refusal).
+    asking: Option<String>,
     /// A continuation started and has sent no content yet: its opening
     /// events are dropped (the client has the answer's opening), and the
     /// original break's reason is kept for the message if it breaks too.
@@ -80,8 +114,6 @@ pub struct RelayBody {
     closing: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     /// The stored-state id of a JSON answer read whole.
     answer_id: Option<String>,
-    /// The upstream slot, given back when the body ends or is dropped.
-    permit: Option<Permit>,
     /// How a raw (JSON) body's end and usage are read (its last bytes,
     /// decoded if it is compressed).
     json: json_end::JsonEnd,
@@ -163,14 +195,14 @@ impl RelayBody {
             protocol,
             upstream: (upstream.0, upstream.1.to_owned()),
             last: None,
-            report: None,
             outcome: None,
-            resume: None,
-            reopening: None,
+            ended: None,
+            resumes: 0,
+            resume_until: Instant::now(),
+            asking: None,
             continuing: None,
             closing: None,
             answer_id: None,
-            permit: None,
             json: json_end::JsonEnd::default(),
             gathered: BytesMut::new(),
             yielded: 0,
@@ -210,54 +242,61 @@ impl RelayBody {
         self.closing = Some(Box::pin(token.clone().cancelled_owned()));
     }
 
-    /// Holds the upstream slot until the last byte (the usage then settles
-    /// the token reservation).
-    pub fn hold(&mut self, permit: Permit) {
-        self.permit = Some(permit);
+    /// Lets a broken text stream ask its owner for up to `tries`
+    /// continuations before `until` instead of failing.
+    pub fn allow_resumes(&mut self, tries: u8, until: Instant) {
+        self.resumes = tries;
+        self.resume_until = until;
     }
 
-    /// Lets a broken text stream be continued instead of failed.
-    pub fn enable_resume(&mut self, resume: resume::Resume) {
-        self.resume = Some(Box::new(resume));
+    /// Whether this answer could ever ask for a continuation (an SSE
+    /// stream that is allowed to).
+    pub fn may_resume(&self) -> bool {
+        self.resumes > 0 && self.sse.is_some()
     }
 
-    /// Starts a continuation if this stream may be resumed.
+    /// Asks to be continued if this stream may be resumed.
     fn try_resume(&mut self, why: &str) -> bool {
-        let (Some(resume), Some(sse)) = (self.resume.as_mut(), self.sse.as_mut()) else { return false };
+        let Some(sse) = self.sse.as_ref() else { return false };
         let seen = &sse.seen;
-        let resumable = resume.tries > 0
+        let resumable = self.resumes > 0
             && seen.content
             && !seen.tool_call
             && seen.error.is_none()
             && seen.text.len() < PARTIAL_CAP
-            && Instant::now() < resume.deadline;
+            && Instant::now() < self.resume_until;
         if !resumable {
             return false;
         }
-        let Some(reopening) = (resume.reopen)(&seen.text) else { return false };
-        resume.tries -= 1;
-        if let Some(report) = &mut self.report {
-            report.attempts.push(AttemptLog {
-                upstream: self.upstream.0,
-                status: None,
-                class: Some(Class::Transient),
-                summary: format!(
-                    "stream broke after {} events ({why}); resuming from {} bytes of text",
-                    seen.events,
-                    seen.text.len()
-                ),
-                verdict: Verdict::Resume,
-                wait: None,
-            });
-        }
-        self.reopening = Some((reopening, why.to_owned()));
+        self.asking = Some(why.to_owned());
         true
     }
 
+    /// The break the owner is asked to continue, if any (the body then
+    /// has ended its frames until it is answered).
+    pub fn asked(&self) -> Option<Ask<'_>> {
+        let why = self.asking.as_deref()?;
+        let seen = &self.sse.as_ref()?.seen;
+        let log = AttemptLog {
+            upstream: self.upstream.0,
+            status: None,
+            class: Some(Class::Transient),
+            summary: format!(
+                "stream broke after {} events ({why}); resuming from {} bytes of text",
+                seen.events,
+                seen.text.len()
+            ),
+            verdict: Verdict::Resume,
+            wait: None,
+        };
+        Some(Ask { why, text: &seen.text, log })
+    }
+
     /// A continuation started: its events follow the delivered ones in the
-    /// same client stream, and its slot replaces the broken stream's.
-    fn continue_with(&mut self, reopened: resume::Reopened, why: String) {
-        self.continuing = Some(why);
+    /// same client stream.
+    pub fn continue_with(&mut self, reopened: resume::Reopened) {
+        self.continuing = self.asking.take();
+        self.resumes = self.resumes.saturating_sub(1);
         if let Some(sse) = self.sse.as_mut() {
             // Drop the dead stream's unfinished event; go on with the
             // continuation's.
@@ -267,29 +306,46 @@ impl RelayBody {
         self.ready = 0;
         self.inner = Some(reopened.inner);
         self.last_frame = Instant::now();
-        self.permit = reopened.permit;
         self.upstream = reopened.upstream;
-        if let Some(report) = &mut self.report {
-            report.upstream = Some(self.upstream.1.clone());
-        }
+        self.finished = false;
+    }
+
+    /// No continuation (it could not be built, or it failed: `failed`):
+    /// the stream ends with its error event.
+    pub fn not_continued(&mut self, failed: Option<&str>) {
+        let Some(why) = self.asking.take() else { return };
+        self.resumes = 0;
+        let why = match failed {
+            Some(err) => format!("{why}; resuming failed: {err}"),
+            None => why,
+        };
+        self.last = self.break_stream(why);
+        self.finished = false;
     }
 
     /// Takes what a continuation needs from a stream the relay just opened:
-    /// the rest of its body, the bytes read so far, its slot.
+    /// the rest of its body, the bytes read so far.
     pub fn into_continuation(mut self) -> Option<resume::Reopened> {
         let inner = self.inner.take()?;
         let first = self.sse.as_mut().map(|s| s.take(s.held())).unwrap_or_default();
-        Some(resume::Reopened {
-            inner,
-            first,
-            permit: self.permit.take(),
-            upstream: std::mem::take(&mut self.upstream),
-        })
+        Some(resume::Reopened { inner, first, upstream: std::mem::take(&mut self.upstream) })
     }
 
-    /// Hands the request's report to the body, which finishes it at the end.
-    pub fn attach(&mut self, report: Report) {
-        self.report = Some(report);
+    /// How it ended, once it has (taken once).
+    pub fn take_end(&mut self) -> Option<End> {
+        self.ended.take()
+    }
+
+    /// What a stream cut short by its client had delivered: usage, and
+    /// the text if any content went out.
+    pub fn cut(&mut self) -> (Usage, Option<String>) {
+        match self.sse.as_mut() {
+            Some(sse) => {
+                let text = sse.seen.content.then(|| std::mem::take(&mut sse.seen.text));
+                (sse.seen.usage, text)
+            }
+            None => (Usage::default(), None),
+        }
     }
 
     /// The stream broke: resume it if allowed, else end it with a
@@ -300,9 +356,7 @@ impl RelayBody {
             // The continuation broke before its first content: that is the
             // continuation failing, not a new break to resume from.
             Some(first) => {
-                if let Some(resume) = self.resume.as_mut() {
-                    resume.tries = 0;
-                }
+                self.resumes = 0;
                 format!("{first}; resuming failed: the continuation broke before any content ({why})")
             }
             None => why,
@@ -338,30 +392,13 @@ impl RelayBody {
             }
         };
         let (outcome, error) = self.outcome.take().unwrap_or((Outcome::Completed, None));
-        if let Some(permit) = &mut self.permit {
-            permit.settle(usage.input.unwrap_or(0) + usage.output.unwrap_or(0));
-        }
-        self.permit = None;
-        if let Some(mut report) = self.report.take() {
-            report.usage = usage;
-            report.completion_from = judged;
-            if let Some(sse) = &mut self.sse
-                && outcome == Outcome::Incomplete
-            {
-                report.partial = Some(std::mem::take(&mut sse.seen.text));
-                report.class = Some(Class::Transient);
+        let (partial, class) = match &mut self.sse {
+            Some(sse) if outcome == Outcome::Incomplete => {
+                (Some(std::mem::take(&mut sse.seen.text)), Some(Class::Transient))
             }
-            report.error = error.or(report.error.take());
-            report.finish(outcome);
-        }
-    }
-
-    fn first_byte(&mut self) {
-        if let Some(r) = &mut self.report
-            && r.ttfb.is_none()
-        {
-            r.ttfb = Some(r.started.elapsed());
-        }
+            _ => (None, None),
+        };
+        self.ended = Some(End { outcome, usage, completion_from: judged, partial, class, error });
     }
 
     /// Scans buffered SSE bytes: returns a frame of complete events to send,
@@ -430,7 +467,7 @@ impl Body for RelayBody {
                 && this.sse.is_some()
                 && this.inner.is_some()
                 && this.last.is_none()
-                && this.reopening.is_none();
+                && this.asking.is_none();
             this.started_sending = true;
             match polled {
                 Poll::Ready(Some(Ok(data))) if gathering => {
@@ -485,35 +522,15 @@ impl RelayBody {
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
         let this = self;
         loop {
-            if let Some((reopening, why)) = this.reopening.as_mut() {
-                let result = match reopening.as_mut().poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(result) => result,
-                };
-                let why = std::mem::take(why);
-                this.reopening = None;
-                let (result, attempts) = result;
-                if let Some(report) = &mut this.report {
-                    report.attempts.extend(attempts);
-                }
-                match result {
-                    Ok(reopened) => this.continue_with(reopened, why),
-                    Err(err) => {
-                        // A continuation that failed is not chained with another.
-                        if let Some(resume) = this.resume.as_mut() {
-                            resume.tries = 0;
-                        }
-                        this.last = this.break_stream(format!("{why}; resuming failed: {err}"));
-                    }
-                }
-                continue;
+            if this.asking.is_some() {
+                // Broken, and its owner is asked to continue it: no
+                // frames until it answers.
+                return Poll::Ready(None);
             }
             if let Some(frame) = this.drain_events() {
-                this.first_byte();
                 return Poll::Ready(Some(Ok(frame)));
             }
             if let Some(last) = this.last.take() {
-                this.first_byte();
                 return Poll::Ready(Some(Ok(last)));
             }
             let Some(inner) = this.inner.as_mut() else {
@@ -529,16 +546,13 @@ impl RelayBody {
                             sse.feed(&data);
                             if sse.oversized() {
                                 let max = sse.max_event();
-                                if let Some(resume) = this.resume.as_mut() {
-                                    resume.tries = 0;
-                                }
+                                this.resumes = 0;
                                 this.last = this.break_stream(format!(
                                     "the upstream sent an event over {max} bytes (max_stream_event)"
                                 ));
                             }
                         }
                         None => {
-                            this.first_byte();
                             this.json.feed(&data);
                             // hyper stops polling once a sized body is
                             // complete: record the end with the last bytes.
@@ -572,9 +586,7 @@ impl RelayBody {
                 Poll::Pending => {
                     if this.closing.as_mut().is_some_and(|c| c.as_mut().poll(cx).is_ready()) {
                         this.closing = None;
-                        if let Some(resume) = this.resume.as_mut() {
-                            resume.tries = 0;
-                        }
+                        this.resumes = 0;
                         this.last = this.break_stream("tidegate is shutting down".into());
                         continue;
                     }
@@ -609,19 +621,6 @@ impl RelayBody {
                     }
                     this.last = this.break_stream(format!("the upstream sent nothing for {:?}", this.idle));
                 }
-            }
-        }
-    }
-}
-
-impl Drop for RelayBody {
-    fn drop(&mut self) {
-        // Dropped before the end: the client went away mid-answer; the
-        // report's own drop records it as cancelled, with what was sent.
-        if let (Some(report), Some(sse)) = (self.report.as_mut(), self.sse.as_mut()) {
-            report.usage = sse.seen.usage;
-            if sse.seen.content {
-                report.partial = Some(std::mem::take(&mut sse.seen.text));
             }
         }
     }

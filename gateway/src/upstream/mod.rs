@@ -26,6 +26,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::config::{UpstreamConfig, UpstreamKind};
+use crate::headers;
 use crate::health::Health;
 use crate::limits::Limiter;
 use crate::protocol::{Endpoint, Family};
@@ -48,30 +49,15 @@ const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version
 /// not the provider's), hop-by-hop headers, headers hyper sets for the new
 /// connection (`host`, `content-length`), `accept-encoding` (bodies must
 /// stay readable for classification) and tidegate's own `x-tidegate-*`.
-const NOT_FORWARDED: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "x-api-key",
-    "api-key",
-    "cookie",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-    "accept-encoding",
-    "expect",
-];
+const NOT_FORWARDED: &[&str] =
+    &["authorization", "x-api-key", "api-key", "cookie", "host", "content-length", "accept-encoding", "expect"];
 
-/// Whether a client header is forwarded upstream (see [`NOT_FORWARDED`]);
-/// headers the client's `Connection` header names are hop-by-hop too.
+/// Whether a client header is forwarded upstream (see [`NOT_FORWARDED`]
+/// and [`headers::HOP_BY_HOP`]); headers the client's `Connection` header
+/// names are hop-by-hop too.
 fn forwarded(name: &HeaderName, client: &HeaderMap) -> bool {
     let name = name.as_str();
-    if NOT_FORWARDED.contains(&name) || name.starts_with("x-tidegate-") {
+    if NOT_FORWARDED.contains(&name) || headers::is_hop_by_hop(name) || name.starts_with(headers::PREFIX) {
         return false;
     }
     !client
@@ -93,9 +79,6 @@ const PATH_LABEL: &percent_encoding::AsciiSet =
 fn anthropic_error(kind: crate::protocol::ErrorKind, name: &str, message: &str) -> Bytes {
     crate::protocol::anthropic::error_body(kind, &format!("{name}: {message}"))
 }
-
-/// Marks a request that already passed through a tidegate.
-pub const HOP_HEADER: HeaderName = HeaderName::from_static("x-tidegate-hop");
 
 /// An upstream ready to take requests.
 pub struct Upstream {
@@ -326,7 +309,7 @@ impl Upstream {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         // Tells a tidegate behind this one that we do the retrying.
-        headers.insert(HOP_HEADER, HeaderValue::from_static("1"));
+        headers.insert(headers::HOP, HeaderValue::from_static("1"));
         if let (Reach::Bedrock(aws), Some(body)) = (&self.reach, to_sign) {
             let accept = if stream { eventstream::CONTENT_TYPE } else { "application/json" };
             req.headers_mut().insert(header::ACCEPT, HeaderValue::from_static(accept));

@@ -1,0 +1,283 @@
+//! One request's owner, from arrival to its last byte.
+//!
+//! An [`Exchange`] is made when a request arrives and moves, whole, into
+//! whatever ends the request: tidegate's own refusal, the answer the
+//! attempt loop produced, or the response body ([`body::ExchangeBody`])
+//! that relays a stream, keeps a waiting stream alive, or continues a
+//! broken one. It holds the request's id, arrival and deadline, its place
+//! in its key's lane, the upstream slot of the answer being relayed, and
+//! the record of what happened; it starts every run of the attempt loop
+//! (the first answer, after a keep-alive commit, a continuation) through
+//! the same path, and it is the one place a request is reported — once,
+//! with an honest outcome. Dropped unfinished, it records the request as
+//! cancelled (the client went away).
+
+pub mod body;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::response::Response;
+use http::{HeaderValue, header};
+use tokio::time::Instant;
+
+use crate::error::GatewayError;
+use crate::headers;
+use crate::lanes::Pass;
+use crate::limits::Permit;
+use crate::protocol::{self, Protocol};
+use crate::record::Outcome;
+use crate::relay::{self, Answer, Job, Relayed};
+use crate::report::{Report, Sink};
+use crate::stream::resume::Reopened;
+use crate::stream::{End, RelayBody};
+use body::ExchangeBody;
+
+/// Continuations per request when `stream_resume` is on.
+pub const MAX_RESUMES: u8 = 2;
+
+/// A run of the attempt loop, owned (it may outlive the handler): gives
+/// the job back with what happened.
+pub type Running = Pin<Box<dyn Future<Output = (Job, Relayed)> + Send>>;
+
+/// One request from arrival to its last byte (see the module doc).
+pub struct Exchange {
+    /// What happened so far; written out once, at the end.
+    report: Report,
+    sink: Arc<Sink>,
+    /// The routed request while the owner holds it: `None` before the
+    /// first run has ended, and once nothing can need it again (an answer
+    /// that cannot ask for a continuation).
+    job: Option<Job>,
+    /// The place in the key's lane, held to the last byte.
+    pass: Option<Pass>,
+    /// The slot of the answer being relayed, held to its last byte.
+    permit: Option<Permit>,
+    done: bool,
+}
+
+impl Exchange {
+    /// A request that just arrived: counted in flight (a graceful shutdown
+    /// waits for it) until it is reported.
+    pub fn arrive(id: uuid::Uuid, arrived: Instant, sink: Arc<Sink>) -> Self {
+        sink.active.fetch_add(1, Ordering::AcqRel);
+        Self { report: Report::new(id, arrived), sink, job: None, pass: None, permit: None, done: false }
+    }
+
+    /// The request's id.
+    pub fn id(&self) -> uuid::Uuid {
+        self.report.id
+    }
+
+    /// When it arrived.
+    pub fn arrived(&self) -> Instant {
+        self.report.started
+    }
+
+    /// The record, for admission and routing to fill in who asked for what.
+    pub fn record(&mut self) -> &mut Report {
+        &mut self.report
+    }
+
+    /// Starts a run of the attempt loop on the routed request. Every run
+    /// goes this way; [`Exchange::absorb`] takes its result (and the
+    /// request back).
+    pub fn start(&mut self, job: Job) -> Running {
+        Box::pin(relay::relay(job))
+    }
+
+    /// Takes what a run of the loop did into the record; returns its
+    /// answer.
+    pub fn absorb(&mut self, (job, relayed): (Job, Relayed)) -> Answer {
+        self.job = Some(job);
+        self.report.upstream = relayed.upstream.and_then(|i| self.sink.names.get(i)).cloned();
+        self.report.attempts.extend(relayed.attempts);
+        self.report.queue_wait += relayed.queue_wait;
+        self.report.class = relayed.answer.class();
+        if relayed.pass.is_some() {
+            self.pass = relayed.pass;
+        }
+        self.permit = relayed.permit;
+        relayed.answer
+    }
+
+    /// The client still waits for headers: answer it with the loop's
+    /// answer (a 2xx is relayed by an [`ExchangeBody`] that takes this
+    /// exchange; anything else is final, and reported now).
+    pub fn respond(mut self, answer: Answer, protocol: Protocol) -> Response {
+        let (id, attempts) = (self.report.id, self.report.attempts.len());
+        let upstream = self.report.upstream.clone();
+        let mut response = match answer {
+            Answer::Stream(parts, mut body) => {
+                self.report.status = parts.status.as_u16();
+                self.keep_for(&mut body);
+                Response::from_parts(parts, axum::body::Body::new(ExchangeBody::relaying(self, body)))
+            }
+            other => {
+                let outcome = match &other {
+                    Answer::Gateway(GatewayError::QueueFull { .. } | GatewayError::ClientLimit { .. }) => {
+                        Outcome::Rejected
+                    }
+                    // tidegate's own account of a failure, or the
+                    // upstream's own error passed on: the request failed.
+                    Answer::Gateway(_) | Answer::Verbatim { .. } | Answer::Stream(..) => Outcome::Failed,
+                };
+                if let Answer::Gateway(error) = &other {
+                    self.report.error = Some(error.to_string());
+                }
+                let response = other.into_response(protocol);
+                self.report.status = response.status().as_u16();
+                self.finish(outcome);
+                response
+            }
+        };
+        headers::label(response.headers_mut(), id, upstream.as_deref(), attempts);
+        response
+    }
+
+    /// tidegate refuses the request before any attempt (admission,
+    /// routing, draining): its answer in the client's protocol, reported
+    /// now. Refusals before routing beyond the flood sample are counted
+    /// only (see [`crate::flood`]).
+    pub fn reject(mut self, error: GatewayError, protocol: Protocol) -> Response {
+        self.report.status = error.status().as_u16();
+        self.report.error = Some(error.to_string());
+        if let GatewayError::Unauthorized | GatewayError::Forbidden(_) = &error {
+            self.report.counted_only = !self.sink.refused(error.reason());
+        }
+        let close = matches!(error, GatewayError::ShuttingDown);
+        let id = self.report.id;
+        self.finish(Outcome::Rejected);
+        let mut response = error.into_response(protocol);
+        headers::label(response.headers_mut(), id, None, 0);
+        if close {
+            // Shutting down: no keep-alive, so the client goes to another
+            // replica.
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+
+    /// Keeps the request for a stream that may ask for continuations;
+    /// lets it go otherwise (a request's body can be large, and an answer
+    /// can stream for minutes).
+    fn keep_for(&mut self, body: &mut RelayBody) {
+        let resumable = self.job.as_ref().and_then(|job| {
+            let route = job.gw.config.models.get_index(job.route).map(|(_, r)| r)?;
+            route.stream_resume.then_some(job.deadline)
+        });
+        if let Some(deadline) = resumable {
+            body.allow_resumes(MAX_RESUMES, deadline);
+        }
+        if !body.may_resume() {
+            self.job = None;
+        }
+    }
+
+    /// Starts a continuation of a stream that broke after delivering
+    /// `text`: the same request with that text as the assistant's turn,
+    /// run through the same attempt loop ([`relay::relay`]). `None` when
+    /// the protocol cannot continue this request.
+    pub fn reopen(&mut self, text: &str) -> Option<Running> {
+        let job = self.job.as_ref()?;
+        let protocol = job.endpoint.protocol();
+        let body = protocol.continuation_body(&job.body, text, &job.head.model)?;
+        let head = protocol::peek(&body).ok()?;
+        let mut next = job.clone();
+        next.body = body;
+        next.head = head;
+        // Still the same request: its lane pass is held by this exchange.
+        next.lane = None;
+        next.progress = Arc::default();
+        Some(Box::pin(relay::relay(next)))
+    }
+
+    /// Takes what a continuation's run did into the record: a stream that
+    /// started is handed over (its slot replaces the broken one's), any
+    /// other answer is why resuming failed.
+    pub fn reopened(&mut self, (_, relayed): (Job, Relayed)) -> Result<Reopened, String> {
+        self.report.attempts.extend(relayed.attempts);
+        self.report.queue_wait += relayed.queue_wait;
+        match relayed.answer {
+            Answer::Stream(_, body) => {
+                let reopened =
+                    body.into_continuation().ok_or_else(|| "the continuation was not a stream".to_owned())?;
+                self.report.upstream = Some(reopened.upstream.1.clone());
+                self.permit = relayed.permit;
+                Ok(reopened)
+            }
+            Answer::Verbatim { parts, body, .. } => Err(format!(
+                "the continuation was answered {}: {}",
+                parts.status.as_u16(),
+                crate::classify::summary::summarize(&body)
+            )),
+            Answer::Gateway(error) => Err(error.to_string()),
+        }
+    }
+
+    /// The first byte of the answer went out.
+    pub fn first_byte(&mut self) {
+        if self.report.ttfb.is_none() {
+            self.report.ttfb = Some(self.report.started.elapsed());
+        }
+    }
+
+    /// The answer's body ended (completed, or incomplete): settles the
+    /// slot's tokens with the usage and reports the request.
+    pub fn ended(&mut self, end: End) {
+        let used = end.usage.input.unwrap_or(0) + end.usage.output.unwrap_or(0);
+        if let Some(mut permit) = self.permit.take() {
+            permit.settle(used);
+        }
+        self.report.usage = end.usage;
+        self.report.completion_from = end.completion_from;
+        if end.partial.is_some() {
+            self.report.partial = end.partial;
+        }
+        if end.class.is_some() {
+            self.report.class = end.class;
+        }
+        self.report.error = end.error.or(self.report.error.take());
+        self.end(end.outcome);
+    }
+
+    /// The client went away mid-answer after this much was delivered.
+    pub fn cut(&mut self, usage: crate::record::Usage, partial: Option<String>) {
+        self.report.usage = usage;
+        if partial.is_some() {
+            self.report.partial = partial;
+        }
+    }
+
+    /// Reports the request with `outcome`.
+    pub fn finish(mut self, outcome: Outcome) {
+        self.end(outcome);
+    }
+
+    /// The one place a request is reported.
+    fn end(&mut self, outcome: Outcome) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if let Some(mut pass) = self.pass.take() {
+            pass.settle(self.report.usage.input.unwrap_or(0) + self.report.usage.output.unwrap_or(0));
+        }
+        self.permit = None;
+        self.job = None;
+        let fresh = Report::new(self.report.id, self.report.started);
+        let report = std::mem::replace(&mut self.report, fresh);
+        report.write(outcome, &self.sink);
+        self.sink.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        // Nobody saw the end: the client went away (hyper dropped the
+        // handler or the body) before it came.
+        self.end(Outcome::Cancelled);
+    }
+}

@@ -1,0 +1,69 @@
+//! Header names tidegate reads or writes itself, each listed once: its
+//! own `x-tidegate-*` headers, and the hop-by-hop headers that describe
+//! one connection and never cross the proxy in either direction.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// The prefix of every header tidegate owns; a client's are never
+/// forwarded upstream.
+pub const PREFIX: &str = "x-tidegate-";
+
+/// Every answer: the request's id (the journal's key).
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-tidegate-request-id");
+/// Every answer: the upstream that gave it (`none` for tidegate's own).
+pub const UPSTREAM: HeaderName = HeaderName::from_static("x-tidegate-upstream");
+/// Every answer: how many attempts it took.
+pub const ATTEMPTS: HeaderName = HeaderName::from_static("x-tidegate-attempts");
+/// From a client: a shorter deadline than the alias's (`30s`).
+pub const DEADLINE: HeaderName = HeaderName::from_static("x-tidegate-deadline");
+/// From a client: `interactive` or `batch`.
+pub const PRIORITY: HeaderName = HeaderName::from_static("x-tidegate-priority");
+/// On requests to an upstream: this already passed through a tidegate
+/// (the next one makes a single attempt; the first one retries).
+pub const HOP: HeaderName = HeaderName::from_static("x-tidegate-hop");
+
+/// Headers that describe one hop: never relayed, request or answer.
+/// (`Connection` may name more; callers that forward request headers
+/// drop those too.)
+pub static HOP_BY_HOP: [HeaderName; 9] = [
+    http::header::CONNECTION,
+    http::header::TRANSFER_ENCODING,
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::UPGRADE,
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// Whether `name` is one of [`HOP_BY_HOP`].
+pub fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|h| h.as_str() == name)
+}
+
+/// Removes the [`HOP_BY_HOP`] headers from an answer's headers.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+
+/// The headers every answer carries: id, upstream, attempts. (Static
+/// names and small counts need no allocation: this runs for every
+/// request.)
+pub fn label(headers: &mut HeaderMap, id: uuid::Uuid, upstream: Option<&str>, attempts: usize) {
+    let mut text = uuid::Uuid::encode_buffer();
+    if let Ok(v) = HeaderValue::from_str(id.hyphenated().encode_lower(&mut text)) {
+        headers.insert(REQUEST_ID, v);
+    }
+    let upstream = upstream.and_then(|u| HeaderValue::try_from(u).ok());
+    headers.insert(UPSTREAM, upstream.unwrap_or(HeaderValue::from_static("none")));
+    let attempts = match DIGITS.get(attempts) {
+        Some(digit) => HeaderValue::from_static(digit),
+        None => HeaderValue::from(attempts),
+    };
+    headers.insert(ATTEMPTS, attempts);
+}

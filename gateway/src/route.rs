@@ -1,0 +1,182 @@
+//! Routing: from an admitted request to the [`Job`] the attempt loop
+//! sends — which alias or pattern the model names, which of its targets
+//! serve the endpoint, the deadline, the priority, a pin to the upstream
+//! that stores the state it continues, and the key's lane.
+//!
+//! Everything here is tidegate's own decision about the request; an
+//! error is tidegate's answer ([`GatewayError`]), before any attempt.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use tokio::time::Instant;
+
+use crate::config::{ModelRoute, Target};
+use crate::error::GatewayError;
+use crate::gateway::Gateway;
+use crate::headers;
+use crate::limits::Priority;
+use crate::protocol::{self, Endpoint, Family};
+use crate::relay::Job;
+use crate::report::Report;
+
+/// Routes an admitted request (`body`, the client's `headers`) asked on
+/// `endpoint`; fills in the record's model, stream and trace.
+pub async fn route(
+    gw: &Arc<Gateway>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Bytes,
+    record: &mut Report,
+) -> Result<Job, GatewayError> {
+    let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
+    record.stream = head.stream;
+    let found = gw.config.find_route(&head.model);
+    // A configured alias is recorded as the config's shared string; a name
+    // a pattern matched, as asked.
+    record.model =
+        Some(match found.and_then(|(i, _)| gw.aliases.get(i)).filter(|a| a.as_ref() == head.model.as_str()) {
+            Some(alias) => alias.clone(),
+            None => Arc::from(head.model.as_str()),
+        });
+    let family = endpoint.protocol().family();
+    let (route, model) = match found {
+        Some((index, model)) if model.protocol == family => (index, model),
+        Some((_, model)) => {
+            return Err(GatewayError::UnknownModel(format!(
+                "model {:?} is served by {} upstreams, not on {endpoint} ({}: {})",
+                head.model,
+                model.protocol,
+                model.protocol,
+                endpoints_of(model.protocol)
+            )));
+        }
+        None => {
+            let known: Vec<&str> = gw.config.aliases(family).collect();
+            return Err(GatewayError::UnknownModel(format!(
+                "model {:?} is not configured on this gateway; available: {}",
+                head.model,
+                if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
+            )));
+        }
+    };
+    let serving = |t: &Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
+    if !model.targets.iter().any(serving) {
+        let kinds: Vec<&str> =
+            model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
+        return Err(GatewayError::UnknownModel(format!(
+            "model {:?} has no target that serves {endpoint} (its upstreams are {}; bedrock and vertex serve \
+             /v1/messages only)",
+            head.model,
+            kinds.join(", ")
+        )));
+    }
+    let deadline = deadline(model.deadline, &headers, record.started)?;
+    let pin = match &head.previous_response_id {
+        Some(id) => pinned(gw, id, model).await?,
+        None => None,
+    };
+    let asked = match headers.get(headers::PRIORITY) {
+        None => None,
+        Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
+            GatewayError::BadRequest(format!(
+                "{}: {:?} is not a priority (interactive or batch)",
+                headers::PRIORITY,
+                String::from_utf8_lossy(v.as_bytes())
+            ))
+        })?),
+    };
+    let lane = record.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
+    let trace = gw
+        .sink
+        .tracer
+        .as_ref()
+        .map(|_| Arc::new(crate::otel::TraceCtx::start(&headers, endpoint.operation(), family.as_str())));
+    record.trace = trace.clone();
+    let who = match &lane {
+        Some(lane) => lane.who(asked, record.started),
+        None => gw.lanes.anonymous(asked.unwrap_or_default()),
+    };
+    Ok(Job {
+        gw: gw.clone(),
+        endpoint,
+        route,
+        chained: headers.contains_key(headers::HOP),
+        head,
+        body,
+        client_headers: unpinned(headers),
+        deadline,
+        progress: Arc::default(),
+        who,
+        lane,
+        trace,
+        pin,
+    })
+}
+
+/// The client's headers with their values copied out of hyper's read
+/// buffer. Parsed values are slices of that buffer; a request keeps its
+/// headers and body to its end (retries resend them), and a buffer still
+/// referenced cannot be reused in place: hyper's read for a client hanging
+/// up mid-request then allocates a fresh one, and each request in flight
+/// holds two. A few small copies cost less (peak RSS with 1000 requests in
+/// flight −3 MiB, throughput unchanged: `bench/core.sh`). The values are
+/// copied into one buffer that each new value is a slice of: two
+/// allocations for all of them, not one each.
+fn unpinned(headers: HeaderMap) -> HeaderMap {
+    let mut copy = bytes::BytesMut::with_capacity(headers.values().map(|v| v.len()).sum());
+    for value in headers.values() {
+        copy.extend_from_slice(value.as_bytes());
+    }
+    let copy = copy.freeze();
+    let mut out = HeaderMap::with_capacity(headers.len());
+    let mut at = 0;
+    for (name, value) in &headers {
+        let end = at + value.len();
+        if let Ok(v) = HeaderValue::from_maybe_shared(copy.slice(at..end)) {
+            out.append(name.clone(), v);
+        }
+        at = end;
+    }
+    out
+}
+
+/// The upstream that stores response `id`, which a request continuing it
+/// must go to. Unknown ids (never seen, expired) are routed as usual: the
+/// provider says whether it has them.
+async fn pinned(gw: &Gateway, id: &str, route: &ModelRoute) -> Result<Option<usize>, GatewayError> {
+    let Some(upstream) = gw.pins.find(id).await else { return Ok(None) };
+    if route.targets.iter().any(|t| t.upstream == upstream) {
+        return Ok(Some(upstream));
+    }
+    let name = gw.sink.names.get(upstream).map_or("?", String::as_str);
+    Err(GatewayError::BadRequest(format!(
+        "previous_response_id {id:?} is stored at upstream {name}, which this model does not route to; \
+         ask the model that produced it"
+    )))
+}
+
+/// The endpoints an upstream family serves, for messages.
+fn endpoints_of(family: Family) -> String {
+    let paths: Vec<&str> = Endpoint::ALL.iter().filter(|e| e.protocol().family() == family).map(|e| e.path()).collect();
+    paths.join(", ")
+}
+
+/// The request's deadline: the alias's, shortened (never lengthened) by a
+/// client's `x-tidegate-deadline: 30s`.
+fn deadline(route_deadline: Duration, headers: &HeaderMap, arrived: Instant) -> Result<Instant, GatewayError> {
+    let asked = match headers.get(headers::DEADLINE) {
+        None => None,
+        Some(v) => {
+            let text = v.to_str().unwrap_or_default().trim();
+            match humantime::parse_duration(text) {
+                Ok(d) => Some(d),
+                Err(_) => return Err(GatewayError::BadDeadline(text.to_string())),
+            }
+        }
+    };
+    let budget = asked.map_or(route_deadline, |d| d.min(route_deadline));
+    Ok(arrived + budget)
+}
