@@ -243,7 +243,7 @@ fn client_lanes_inherit_defaults_and_every_mistake_names_its_field() {
     let (ide, ci) = (&c.client_keys[0].lane, &c.client_keys[1].lane);
     assert_eq!((ide.limits.max_concurrent, ide.limits.rpm, ide.weight), (Some(4), Some(100), 3));
     assert_eq!((ci.limits.max_concurrent, ci.limits.rpm, ci.priority.as_str()), (Some(1), Some(100), "batch"));
-    assert_eq!(ci.models[0].0, 0, "per-alias limits by route index");
+    assert_eq!(ci.models[0].0.index(), 0, "per-alias limits by route index");
     assert_eq!(c.batch_share, 0.2);
     assert_eq!(c.anomaly_action.as_ref().unwrap().lasts, Duration::from_secs(300));
 

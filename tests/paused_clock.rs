@@ -40,7 +40,7 @@ fn job(gw: &Arc<Gateway>, deadline: Duration) -> Job {
     Job {
         gw: gw.clone(),
         endpoint: Endpoint::ChatCompletions,
-        route: 0,
+        route: tidegate::ids::RouteId::at(0),
         head: protocol::peek(&body).unwrap(),
         body,
         client_headers: HeaderMap::new(),

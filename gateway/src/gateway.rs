@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::anomaly::Anomaly;
 use crate::config::{Config, ConfigError, UpstreamConfig};
+use crate::ids::{Table, UpstreamId};
 use crate::journal::Journal;
 use crate::lanes::Lanes;
 use crate::metrics::Metrics;
@@ -41,7 +42,7 @@ pub struct Gateway {
     /// The validated config.
     pub config: Config,
     /// One client per upstream, same order as `config.upstreams`.
-    pub upstreams: Vec<Arc<Upstream>>,
+    pub upstreams: Table<UpstreamId, Arc<Upstream>>,
     /// Model aliases by route index, shared by every request's record.
     pub aliases: Vec<Arc<str>>,
     /// Per-client flood warnings.
@@ -174,7 +175,7 @@ impl Gateway {
             pins.carry(&p.pins);
         }
         Ok(Self {
-            upstreams,
+            upstreams: upstreams.into(),
             aliases,
             anomaly,
             lanes,

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 
 use crate::config::{AnomalyAction, Config, LaneConfig, LaneLimits};
 use crate::error::GatewayError;
+use crate::ids::RouteId;
 use crate::limits::{Limiter, Permit, Priority, Refused, Who};
 use crate::shared::SharedState;
 
@@ -54,7 +55,7 @@ pub struct Lane {
     /// it).
     limiter: Option<Arc<Limiter>>,
     /// Per model alias (route index).
-    models: Vec<(usize, Arc<Limiter>)>,
+    models: Vec<(RouteId, Arc<Limiter>)>,
     /// Penalised until then.
     penalty: Mutex<Option<Instant>>,
     in_flight: AtomicU32,
@@ -126,7 +127,7 @@ impl Lanes {
                 names.push(shared_name(&key.name, None));
             }
             for (route, _) in &key.lane.models {
-                if let Some((alias, _)) = config.models.get_index(*route) {
+                if let Some((alias, _)) = config.route(*route) {
                     names.push(shared_name(&key.name, Some(alias)));
                 }
             }
@@ -169,7 +170,7 @@ impl Lanes {
                 .models
                 .iter()
                 .filter_map(|(route, limits)| {
-                    let (alias, _) = config.models.get_index(*route)?;
+                    let (alias, _) = config.route(*route)?;
                     Some((*route, build(limits, shared_name(&key.name, Some(alias)))))
                 })
                 .collect();
@@ -265,7 +266,7 @@ impl Lane {
     pub async fn enter(
         self: &Arc<Self>,
         who: &Who,
-        route: usize,
+        route: RouteId,
         tokens: u64,
         deadline: Instant,
     ) -> Result<Pass, GatewayError> {
@@ -388,14 +389,14 @@ mod tests {
         let lane = lanes.get("loop").unwrap().clone();
         let soon = || Instant::now() + Duration::from_millis(200);
         let who = lane.who(None, Instant::now());
-        let first = lane.enter(&who, 0, 1, soon()).await.unwrap();
-        let second = lane.enter(&who, 0, 1, soon()).await.unwrap();
+        let first = lane.enter(&who, RouteId::at(0), 1, soon()).await.unwrap();
+        let second = lane.enter(&who, RouteId::at(0), 1, soon()).await.unwrap();
         drop((first, second));
         assert!(lane.flagged(Instant::now()));
         let who = lane.who(None, Instant::now());
         assert_eq!(who.priority, Priority::Batch, "penalty lowers the priority");
-        let held = lane.enter(&who, 0, 1, soon()).await.unwrap();
-        let refused = lane.enter(&who, 0, 1, soon()).await;
+        let held = lane.enter(&who, RouteId::at(0), 1, soon()).await.unwrap();
+        let refused = lane.enter(&who, RouteId::at(0), 1, soon()).await;
         assert!(
             matches!(&refused, Err(GatewayError::ClientLimit { message, .. }) if message.contains("flood penalty")),
             "capped at 1 during the penalty"
@@ -403,7 +404,7 @@ mod tests {
         assert!(lane.snapshot(Instant::now()).penalised_for.is_some());
         tokio::time::advance(Duration::from_secs(11)).await;
         assert_eq!(lane.who(None, Instant::now()).priority, Priority::Interactive, "penalty over");
-        let again = lane.enter(&who, 0, 1, soon()).await;
+        let again = lane.enter(&who, RouteId::at(0), 1, soon()).await;
         assert!(again.is_ok(), "the cap is lifted with it");
         drop((held, again));
         assert_eq!(lane.snapshot(Instant::now()).in_flight, 0);

@@ -48,6 +48,7 @@ pub mod flood;
 pub mod gateway;
 pub mod headers;
 pub mod health;
+pub mod ids;
 pub mod journal;
 pub mod lanes;
 pub mod limits;

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::ids::UpstreamId;
 use crate::shared::SharedState;
 
 /// Most pins kept in this process.
@@ -26,7 +27,7 @@ pub const MAX_LOCAL: usize = 100_000;
 /// Stored response id → upstream index.
 #[derive(Debug)]
 pub struct Pins {
-    local: Mutex<HashMap<String, (usize, Instant)>>,
+    local: Mutex<HashMap<String, (UpstreamId, Instant)>>,
     ttl: Duration,
     shared: Option<Arc<SharedState>>,
     names: Arc<[String]>,
@@ -46,18 +47,19 @@ impl Pins {
     pub fn carry(&self, previous: &Pins) {
         let Ok(old) = previous.local.lock() else { return };
         let Ok(mut local) = self.local.lock() else { return };
-        let moved: Vec<Option<usize>> = previous.names.iter().map(|n| self.names.iter().position(|x| x == n)).collect();
+        let moved: Vec<Option<UpstreamId>> =
+            previous.names.iter().map(|n| self.names.iter().position(|x| x == n).map(UpstreamId::at)).collect();
         for (id, (index, until)) in old.iter() {
-            if let Some(Some(now)) = moved.get(*index) {
+            if let Some(Some(now)) = moved.get(index.index()) {
                 local.insert(id.clone(), (*now, *until));
             }
         }
     }
 
     /// Remembers that `upstream` stores response `id`.
-    pub fn remember(&self, id: String, upstream: usize) {
+    pub fn remember(&self, id: String, upstream: UpstreamId) {
         let now = Instant::now();
-        if let (Some(shared), Some(name)) = (&self.shared, self.names.get(upstream)) {
+        if let (Some(shared), Some(name)) = (&self.shared, self.names.get(upstream.index())) {
             let (shared, name, key, ttl) = (shared.clone(), name.clone(), id.clone(), self.ttl);
             self.tasks.spawn(async move { shared.pin(&key, &name, ttl).await });
         }
@@ -78,14 +80,14 @@ impl Pins {
 
     /// The upstream that stores response `id`, if known here or (with
     /// shared state) to any replica.
-    pub async fn find(&self, id: &str) -> Option<usize> {
+    pub async fn find(&self, id: &str) -> Option<UpstreamId> {
         let now = Instant::now();
         let local = self.local.lock().ok().and_then(|l| l.get(id).filter(|(_, until)| *until > now).map(|(u, _)| *u));
         if local.is_some() {
             return local;
         }
         let name = self.shared.as_ref()?.pinned(id).await?;
-        self.names.iter().position(|n| *n == name)
+        self.names.iter().position(|n| *n == name).map(UpstreamId::at)
     }
 }
 
@@ -97,16 +99,16 @@ mod tests {
     async fn pins_expire_and_stay_bounded() {
         let pins =
             Pins::new(Duration::from_secs(60), None, Arc::from(vec!["a".into(), "b".into()]), TaskTracker::new());
-        pins.remember("resp_1".into(), 1);
-        assert_eq!(pins.find("resp_1").await, Some(1));
+        pins.remember("resp_1".into(), UpstreamId::at(1));
+        assert_eq!(pins.find("resp_1").await, Some(UpstreamId::at(1)));
         assert_eq!(pins.find("resp_2").await, None);
         tokio::time::advance(Duration::from_secs(61)).await;
         assert_eq!(pins.find("resp_1").await, None, "expired");
         for i in 0..MAX_LOCAL + 5 {
-            pins.remember(format!("r{i}"), 0);
+            pins.remember(format!("r{i}"), UpstreamId::at(0));
         }
         let len = pins.local.lock().unwrap().len();
         assert!(len <= MAX_LOCAL, "{len}");
-        assert_eq!(pins.find(&format!("r{}", MAX_LOCAL + 4)).await, Some(0), "the newest is kept");
+        assert_eq!(pins.find(&format!("r{}", MAX_LOCAL + 4)).await, Some(UpstreamId::at(0)), "the newest is kept");
     }
 }

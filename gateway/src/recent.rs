@@ -102,11 +102,12 @@ impl Recent {
     /// attempt's class under its upstream.
     pub fn observe(
         &self,
-        upstream: Option<usize>,
+        upstream: Option<crate::ids::UpstreamId>,
         outcome: Outcome,
-        failed_attempts: impl Iterator<Item = (usize, Class)>,
+        failed_attempts: impl Iterator<Item = (crate::ids::UpstreamId, Class)>,
     ) {
-        self.observe_at(now_secs(), upstream, outcome, failed_attempts);
+        let failed = failed_attempts.map(|(u, class)| (u.index(), class));
+        self.observe_at(now_secs(), upstream.map(crate::ids::UpstreamId::index), outcome, failed);
     }
 
     fn observe_at(

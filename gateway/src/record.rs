@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use crate::classify::Class;
+use crate::ids::UpstreamId;
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +122,7 @@ impl WaitSource {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttemptLog {
     /// Upstream index.
-    pub upstream: usize,
+    pub upstream: UpstreamId,
     /// Upstream status, if an answer arrived.
     pub status: Option<u16>,
     /// Class of a failed attempt (`None` for success).
@@ -136,7 +137,7 @@ pub struct AttemptLog {
 
 impl AttemptLog {
     /// A successful attempt on `upstream`.
-    pub fn ok(upstream: usize) -> Self {
+    pub fn ok(upstream: UpstreamId) -> Self {
         Self { upstream, status: Some(200), class: None, summary: String::new(), verdict: Verdict::Ok, wait: None }
     }
 

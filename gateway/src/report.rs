@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use std::sync::Arc;
 
 use crate::classify::Class;
+use crate::ids::UpstreamId;
 use crate::journal::{Detail, Journal, Record, micros};
 use crate::logging::Clean;
 use crate::metrics::{Metrics, Sample};
@@ -34,7 +35,7 @@ pub struct Report {
     /// Client asked for SSE.
     pub stream: bool,
     /// Upstream that gave the final answer.
-    pub upstream: Option<String>,
+    pub upstream: Option<UpstreamId>,
     /// Every attempt.
     pub attempts: Vec<AttemptLog>,
     /// Status sent to the client.
@@ -89,6 +90,11 @@ pub struct Sink {
 }
 
 impl Sink {
+    /// The name of upstream `id` in this generation of the config.
+    pub fn name(&self, id: Option<UpstreamId>) -> Option<&str> {
+        id.and_then(|id| self.names.get(id.index())).map(String::as_str)
+    }
+
     /// Requests not finished yet.
     pub fn active(&self) -> usize {
         self.active.load(std::sync::atomic::Ordering::Acquire)
@@ -137,14 +143,14 @@ impl Report {
 
     fn count(&self, outcome: Outcome, sink: &Sink) {
         for a in &self.attempts {
-            sink.metrics.attempt(sink.names.get(a.upstream).map_or("-", String::as_str), a.verdict.as_str());
+            sink.metrics.attempt(sink.names.get(a.upstream.index()).map_or("-", String::as_str), a.verdict.as_str());
         }
         let failed = self.attempts.iter().filter_map(|a| a.class.map(|c| (a.upstream, c)));
         sink.recent.observe(self.attempts.last().map(|a| a.upstream), outcome, failed);
         sink.metrics.observe(&Sample {
             outcome,
             class: self.class.map_or("-", Class::as_str),
-            upstream: self.upstream.as_deref().unwrap_or("-"),
+            upstream: sink.name(self.upstream).unwrap_or("-"),
             model: self.model.as_deref(),
             queue_wait: self.queue_wait.as_secs_f64(),
             ttfb: self.ttfb.map(|d| d.as_secs_f64()),
@@ -179,7 +185,7 @@ impl Report {
             tokens_out: tokens(self.usage.output),
             status,
             n_attempts: u16::try_from(n_attempts).unwrap_or(u16::MAX),
-            upstream: first.and_then(|i| u16::try_from(i).ok()),
+            upstream: first.and_then(|i| u16::try_from(i.index()).ok()),
             outcome,
             class: self.class,
             stream: self.stream,
@@ -201,7 +207,7 @@ impl Report {
         if let Some(trace) = self.trace.take() {
             self.export(outcome, sink, &trace);
         }
-        self.log_line(outcome, sink.journal.is_some());
+        self.log_line(outcome, sink.journal.is_some(), sink.name(self.upstream).unwrap_or("-"));
         if let Some(journal) = &sink.journal {
             let record = self.record(outcome, sink);
             journal.record(record);
@@ -211,7 +217,7 @@ impl Report {
     /// Its spans, to the OpenTelemetry exporter.
     fn export(&self, outcome: Outcome, sink: &Sink, trace: &crate::otel::TraceCtx) {
         let Some(tracer) = &sink.tracer else { return };
-        let name = |i: usize| sink.names.get(i).map_or("-", String::as_str);
+        let name = |i: UpstreamId| sink.name(Some(i)).unwrap_or("-");
         let id = self.id.to_string();
         tracer.export(&crate::otel::RequestSpan {
             ctx: trace,
@@ -225,7 +231,7 @@ impl Report {
             ok: matches!(outcome, Outcome::Completed),
             class: self.class.map(Class::as_str),
             error: self.error.as_deref(),
-            upstream: self.upstream.as_deref(),
+            upstream: sink.name(self.upstream),
             queue_wait: self.queue_wait,
             ttfb: self.ttfb,
             tokens: (self.usage.input, self.usage.output),
@@ -247,19 +253,19 @@ impl Report {
     /// journal is off), at `debug` when the journal records the request —
     /// a second record per request costs a proxy about a sixth of its
     /// throughput (bench/), and says nothing the journal does not.
-    fn log_line(&self, outcome: Outcome, journaled: bool) {
+    fn log_line(&self, outcome: Outcome, journaled: bool, upstream: &str) {
         if journaled {
             if tracing::enabled!(tracing::Level::DEBUG) {
-                tracing::debug!("{}", self.line(outcome));
+                tracing::debug!("{}", self.line(outcome, upstream));
             }
         } else if tracing::enabled!(tracing::Level::INFO) {
-            tracing::info!("{}", self.line(outcome));
+            tracing::info!("{}", self.line(outcome, upstream));
         }
     }
 
     /// The request's log line; every value a client chose is escaped
     /// ([`Clean`]), so it stays one line of text.
-    fn line(&self, outcome: Outcome) -> String {
+    fn line(&self, outcome: Outcome, upstream: &str) -> String {
         // One line, formatted in one pass: the structured record is the
         // journal's; a field-by-field log event costs a proxy measurable
         // throughput (bench/).
@@ -273,7 +279,7 @@ impl Report {
             Clean(self.client.as_deref().unwrap_or("-")),
             Clean(self.model.as_deref().unwrap_or("-")),
             self.stream,
-            Clean(self.upstream.as_deref().unwrap_or("-")),
+            Clean(upstream),
             self.attempts.len(),
             self.status,
             outcome.as_str(),
@@ -300,7 +306,7 @@ mod tests {
         let mut report = Report::new(uuid::Uuid::nil(), Instant::now());
         report.model = Some(Arc::from("gpt\n2026-01-01 INFO request id=forged\u{0}"));
         report.error = Some("bad\r\nthing".into());
-        let line = report.line(Outcome::Rejected);
+        let line = report.line(Outcome::Rejected, "-");
         assert!(!line.contains('\n') && !line.contains('\r') && !line.contains('\0'), "{line}");
         assert!(line.contains("model=gpt\\u{a}2026"), "{line}");
     }

@@ -17,6 +17,7 @@ use crate::config::{ModelRoute, Target};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::headers;
+use crate::ids::UpstreamId;
 use crate::limits::Priority;
 use crate::protocol::{self, Endpoint, Family};
 use crate::relay::Job;
@@ -37,7 +38,7 @@ pub async fn route(
     // A configured alias is recorded as the config's shared string; a name
     // a pattern matched, as asked.
     record.model =
-        Some(match found.and_then(|(i, _)| gw.aliases.get(i)).filter(|a| a.as_ref() == head.model.as_str()) {
+        Some(match found.and_then(|(i, _)| gw.aliases.get(i.index())).filter(|a| a.as_ref() == head.model.as_str()) {
             Some(alias) => alias.clone(),
             None => Arc::from(head.model.as_str()),
         });
@@ -146,12 +147,12 @@ fn unpinned(headers: HeaderMap) -> HeaderMap {
 /// The upstream that stores response `id`, which a request continuing it
 /// must go to. Unknown ids (never seen, expired) are routed as usual: the
 /// provider says whether it has them.
-async fn pinned(gw: &Gateway, id: &str, route: &ModelRoute) -> Result<Option<usize>, GatewayError> {
+async fn pinned(gw: &Gateway, id: &str, route: &ModelRoute) -> Result<Option<UpstreamId>, GatewayError> {
     let Some(upstream) = gw.pins.find(id).await else { return Ok(None) };
     if route.targets.iter().any(|t| t.upstream == upstream) {
         return Ok(Some(upstream));
     }
-    let name = gw.sink.names.get(upstream).map_or("?", String::as_str);
+    let name = gw.sink.names.get(upstream.index()).map_or("?", String::as_str);
     Err(GatewayError::BadRequest(format!(
         "previous_response_id {id:?} is stored at upstream {name}, which this model does not route to; \
          ask the model that produced it"

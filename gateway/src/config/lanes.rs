@@ -59,7 +59,7 @@ pub struct LaneConfig {
     /// Default priority of the key's requests, and the most they may ask.
     pub priority: Priority,
     /// Limits per model alias, by the alias's index in `models`.
-    pub models: Vec<(usize, LaneLimits)>,
+    pub models: Vec<(crate::ids::RouteId, LaneLimits)>,
 }
 
 impl Default for LaneConfig {
@@ -146,7 +146,7 @@ pub fn lane(
         let base = LaneLimits { max_queue: DEFAULT_LANE_QUEUE, ..LaneLimits::default() };
         let per = limits(&path, raw_limits, &base, problems);
         match aliases.get_index_of(alias) {
-            Some(index) if per.is_limited() => models.push((index, per)),
+            Some(index) if per.is_limited() => models.push((crate::ids::RouteId::at(index), per)),
             Some(_) => problems.push(format!("{path}: sets no limit (max_concurrent, rpm or tpm)")),
             None => problems.push(format!("{path}: no model {alias:?} is configured")),
         }

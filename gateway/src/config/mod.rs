@@ -24,6 +24,7 @@ use indexmap::IndexMap;
 use crate::anomaly::AnomalyConfig;
 use crate::classify::Rules;
 use crate::health::BreakerConfig;
+use crate::ids::{RouteId, UpstreamId};
 use crate::journal::Retention;
 use crate::limits::LimitConfig;
 use crate::protocol::Family;
@@ -188,8 +189,8 @@ pub enum Strategy {
 /// One routing target.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// Index into [`Config::upstreams`].
-    pub upstream: usize,
+    /// Which of [`Config::upstreams`].
+    pub upstream: UpstreamId,
     /// Model name to send upstream; `None`: the name the client asked for.
     pub model: Option<String>,
     /// Relative share under `balance`.
@@ -288,15 +289,20 @@ impl Config {
         }
     }
 
+    /// A route by its id: its alias (or pattern) and how it is served.
+    pub fn route(&self, id: RouteId) -> Option<(&str, &ModelRoute)> {
+        self.models.get_index(id.index()).map(|(alias, route)| (alias.as_str(), route))
+    }
+
     /// The route for the model a client asked for: an exact alias, else the
     /// first pattern that matches (longer literal prefix first).
-    pub fn find_route(&self, model: &str) -> Option<(usize, &ModelRoute)> {
+    pub fn find_route(&self, model: &str) -> Option<(RouteId, &ModelRoute)> {
         if let Some((i, _, route)) = self.models.get_full(model) {
-            return Some((i, route));
+            return Some((RouteId::at(i), route));
         }
         self.patterns.iter().find_map(|&i| {
             let (pattern, route) = self.models.get_index(i)?;
-            glob(pattern, model).then_some((i, route))
+            glob(pattern, model).then_some((RouteId::at(i), route))
         })
     }
 

@@ -445,7 +445,11 @@ fn models(
                     "models.{alias}.targets[{j}].weight: must be at least 1 (remove the target to send it nothing)"
                 ));
             }
-            targets.push(Target { upstream: idx, model: t.model.clone(), weight: t.weight.unwrap_or(1).max(1) });
+            targets.push(Target {
+                upstream: crate::ids::UpstreamId::at(idx),
+                model: t.model.clone(),
+                weight: t.weight.unwrap_or(1).max(1),
+            });
         }
         let deadline = duration(&format!("models.{alias}.deadline"), &model.deadline, default_deadline, problems);
         let strategy = match model.strategy.as_deref() {

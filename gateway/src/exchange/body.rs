@@ -96,11 +96,11 @@ impl ExchangeBody {
 impl Waiting {
     fn comment(&self) -> Bytes {
         let attempt = self.progress.attempts();
-        let upstream = self.names.get(self.progress.upstream()).map_or("-", String::as_str);
-        if attempt == 0 {
+        let Some(upstream) = self.progress.upstream() else {
             // Nothing sent yet: queued, or held by a provider's Retry-After.
             return Bytes::from_static(": waiting for capacity — before the first attempt\n\n".as_bytes());
-        }
+        };
+        let upstream = self.names.get(upstream.index()).map_or("-", String::as_str);
         Bytes::from(format!(": waiting for capacity — attempt {attempt} on {upstream}\n\n"))
     }
 

@@ -92,7 +92,7 @@ impl Exchange {
     /// answer.
     pub fn absorb(&mut self, (job, relayed): (Job, Relayed)) -> Answer {
         self.job = Some(job);
-        self.report.upstream = relayed.upstream.and_then(|i| self.sink.names.get(i)).cloned();
+        self.report.upstream = relayed.upstream;
         self.report.attempts.extend(relayed.attempts);
         self.report.queue_wait += relayed.queue_wait;
         self.report.class = relayed.answer.class();
@@ -107,11 +107,11 @@ impl Exchange {
     /// answer (a 2xx is relayed by an [`ExchangeBody`] that takes this
     /// exchange; anything else is final, and reported now).
     pub fn respond(mut self, answer: Answer, protocol: Protocol) -> Response {
-        let (id, attempts) = (self.report.id, self.report.attempts.len());
-        let upstream = self.report.upstream.clone();
-        let mut response = match answer {
-            Answer::Stream(parts, mut body) => {
+        let (id, attempts, upstream) = (self.report.id, self.report.attempts.len(), self.report.upstream);
+        match answer {
+            Answer::Stream(mut parts, mut body) => {
                 self.report.status = parts.status.as_u16();
+                headers::label(&mut parts.headers, id, self.sink.name(upstream), attempts);
                 self.keep_for(&mut body);
                 Response::from_parts(parts, axum::body::Body::new(ExchangeBody::relaying(self, body)))
             }
@@ -127,14 +127,13 @@ impl Exchange {
                 if let Answer::Gateway(error) = &other {
                     self.report.error = Some(error.to_string());
                 }
-                let response = other.into_response(protocol);
+                let mut response = other.into_response(protocol);
                 self.report.status = response.status().as_u16();
+                headers::label(response.headers_mut(), id, self.sink.name(upstream), attempts);
                 self.finish(outcome);
                 response
             }
-        };
-        headers::label(response.headers_mut(), id, upstream.as_deref(), attempts);
-        response
+        }
     }
 
     /// tidegate refuses the request before any attempt (admission,
@@ -165,7 +164,7 @@ impl Exchange {
     /// can stream for minutes).
     fn keep_for(&mut self, body: &mut RelayBody) {
         let resumable = self.job.as_ref().and_then(|job| {
-            let route = job.gw.config.models.get_index(job.route).map(|(_, r)| r)?;
+            let (_, route) = job.gw.config.route(job.route)?;
             route.stream_resume.then_some(job.deadline)
         });
         if let Some(deadline) = resumable {
@@ -204,7 +203,7 @@ impl Exchange {
             Answer::Stream(_, body) => {
                 let reopened =
                     body.into_continuation().ok_or_else(|| "the continuation was not a stream".to_owned())?;
-                self.report.upstream = Some(reopened.upstream.1.clone());
+                self.report.upstream = Some(reopened.upstream.0);
                 self.permit = relayed.permit;
                 Ok(reopened)
             }

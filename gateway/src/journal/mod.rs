@@ -194,8 +194,8 @@ impl Record {
         }
         let mut seen: Vec<usize> = Vec::with_capacity(attempts.len());
         for a in attempts {
-            if !seen.contains(&a.upstream) {
-                seen.push(a.upstream);
+            if !seen.contains(&a.upstream.index()) {
+                seen.push(a.upstream.index());
             }
         }
         seen.iter().map(|i| name(*i)).collect::<Vec<_>>().join(",").into()
@@ -394,7 +394,7 @@ mod tests {
     /// The record the request path would have built for `r`, with
     /// upstreams as indices into `names`.
     fn record(r: &Row, names: &[String]) -> Record {
-        let index = |n: &str| names.iter().position(|x| x == n).unwrap();
+        let index = |n: &str| crate::ids::UpstreamId::at(names.iter().position(|x| x == n).unwrap());
         let implied = implied_attempt(r).is_some_and(|i| r.attempts == [i]);
         let attempts: Vec<AttemptLog> = if implied {
             Vec::new()
@@ -428,7 +428,7 @@ mod tests {
             tokens_out: r.tokens_out.map(|n| n as u32),
             status: r.status,
             n_attempts: r.n_attempts as u16,
-            upstream: r.targets.split(',').next().filter(|n| !n.is_empty()).map(|n| index(n) as u16),
+            upstream: r.targets.split(',').next().filter(|n| !n.is_empty()).map(|n| index(n).index() as u16),
             outcome: outcome(&r.outcome),
             class: r.class.as_deref().map(class),
             stream: r.stream,

@@ -185,7 +185,7 @@ pub(super) fn insert(conn: &mut Connection, generations: &[Arc<[String]>], batch
                 att.execute(params![
                     id,
                     n as i64 + 1,
-                    names(r).get(a.upstream).map_or("", String::as_str),
+                    names(r).get(a.upstream.index()).map_or("", String::as_str),
                     a.status,
                     a.class.map(Class::as_str),
                     a.summary,

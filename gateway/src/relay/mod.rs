@@ -37,6 +37,7 @@ use crate::classify::{self, Class, Outcome, TransportFailure};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::headers;
+use crate::ids::{RouteId, TargetId, UpstreamId};
 use crate::lanes::{Lane, Pass};
 use crate::limits::{Permit, Who};
 use crate::protocol::{self, Endpoint, Protocol, RequestHead};
@@ -69,7 +70,7 @@ pub struct Job {
     /// The endpoint asked (its protocol shapes tidegate's own answers).
     pub endpoint: Endpoint,
     /// Index of the alias in `config.models`.
-    pub route: usize,
+    pub route: RouteId,
     /// `model`/`stream` and the model's byte span.
     pub head: RequestHead,
     /// The client's body, untouched.
@@ -91,7 +92,7 @@ pub struct Job {
     pub trace: Option<Arc<crate::otel::TraceCtx>>,
     /// The upstream that stores the state this request continues
     /// (`previous_response_id`): the only one it may go to.
-    pub pin: Option<usize>,
+    pub pin: Option<UpstreamId>,
 }
 
 impl Job {
@@ -105,7 +106,7 @@ pub struct Relayed {
     /// What to send the client.
     pub answer: Answer,
     /// The upstream that gave the final answer, if any.
-    pub upstream: Option<usize>,
+    pub upstream: Option<UpstreamId>,
     /// Every attempt, in order.
     pub attempts: Vec<AttemptLog>,
     /// Time spent waiting for slots and rate buckets (the key's lane's
@@ -186,7 +187,7 @@ async fn in_lane(job: &Job) -> Relayed {
 /// The attempt loop proper (borrowing the job [`relay`] owns: one copy
 /// of it in the request's future).
 async fn attempts(job: &Job) -> Relayed {
-    let Some((_, route)) = job.gw.config.models.get_index(job.route) else {
+    let Some((_, route)) = job.gw.config.route(job.route) else {
         let error = GatewayError::UnknownModel("model has no usable target".into());
         return Relayed {
             answer: Answer::Gateway(error),
@@ -296,11 +297,11 @@ struct Run<'a> {
     attempts: Vec<AttemptLog>,
     queue_wait: Duration,
     /// The last failure and its target, for a give-up before any attempt.
-    last: Option<(Outcome, usize)>,
+    last: Option<(Outcome, TargetId)>,
 }
 
 impl<'a> Run<'a> {
-    fn upstream(&self, ti: usize) -> &Upstream {
+    fn upstream(&self, ti: TargetId) -> &Upstream {
         &self.job.gw.upstreams[self.targets.upstream(ti)]
     }
 
@@ -310,11 +311,11 @@ impl<'a> Run<'a> {
     }
 
     /// The answer to a request still waiting when the shutdown grace ends.
-    fn closed(&mut self, ti: usize) -> Relayed {
+    fn closed(&mut self, ti: TargetId) -> Relayed {
         self.stop(Answer::Gateway(GatewayError::ShuttingDown), Some(ti))
     }
 
-    fn stop(&mut self, answer: Answer, ti: Option<usize>) -> Relayed {
+    fn stop(&mut self, answer: Answer, ti: Option<TargetId>) -> Relayed {
         Relayed {
             answer,
             upstream: ti.map(|ti| self.targets.upstream(ti)),
@@ -327,39 +328,48 @@ impl<'a> Run<'a> {
 
     /// Pick: the target for the next attempt. A provider's hold is waited
     /// out within the deadline; every breaker open fails fast.
-    async fn pick(&mut self) -> Result<(usize, Instant), Relayed> {
+    async fn pick(&mut self) -> Result<(TargetId, Instant), Relayed> {
         loop {
             let now = Instant::now();
-            let (why, fallback) = match self.targets.pick(now) {
+            let (why, fallback, target) = match self.targets.pick(now) {
                 Pick::Use(ti) => return Ok((ti, now)),
                 // The provider asked for nothing before `until`: wait for
                 // it within the deadline, else say so at once with that wait.
-                Pick::HoldUntil(until) if until < self.job.deadline => {
+                Pick::HoldUntil(until, held) if until < self.job.deadline => {
                     if self.unless_closing(tokio::time::sleep_until(until)).await.is_none() {
-                        return Err(self.closed(0));
+                        return Err(self.closed(held));
                     }
                     continue;
                 }
-                Pick::HoldUntil(until) => {
+                Pick::HoldUntil(until, held) => {
                     let wait = until.saturating_duration_since(Instant::now());
-                    (GiveUp::BeyondDeadline { wait, source: WaitSource::Provider("retry-after") }, answer::held_off())
+                    let why = GiveUp::BeyondDeadline { wait, source: WaitSource::Provider("retry-after") };
+                    (why, answer::held_off(), Some(held))
                 }
                 // Every target left is broken: fail fast, saying when the
                 // first probe is due, rather than queueing behind a breaker.
-                Pick::WaitUntil(until) => {
+                Pick::WaitUntil(until, open) => {
                     let wait = until.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
-                    (GiveUp::BreakerOpen { wait }, answer::breakers_open())
+                    (GiveUp::BreakerOpen { wait }, answer::breakers_open(), Some(open))
                 }
-                Pick::NoneLeft => (GiveUp::BreakerOpen { wait: Duration::from_secs(1) }, answer::breakers_open()),
+                Pick::NoneLeft => (GiveUp::BreakerOpen { wait: Duration::from_secs(1) }, answer::breakers_open(), None),
             };
-            let (outcome, ti) = self.last.take().unwrap_or((fallback, 0));
-            return Err(self.give_up(ti, why, &outcome, None));
+            // The account names the last target that failed, else the one
+            // the pick was about.
+            return Err(match (self.last.take(), target) {
+                (Some((outcome, ti)), _) => self.give_up(ti, why, &outcome, None),
+                (None, Some(ti)) => self.give_up(ti, why, &fallback, None),
+                (None, None) => {
+                    let error = GatewayError::UnknownModel("no target of this model can take the request".into());
+                    self.stop(Answer::Gateway(error), None)
+                }
+            });
         }
     }
 
     /// Acquire: wait for the upstream's rate buckets and a concurrency
     /// slot. Returns the permit and how many slots were held with it.
-    async fn acquire(&mut self, ti: usize, tokens: u64, now: Instant) -> Result<(Permit, u32, Instant), Relayed> {
+    async fn acquire(&mut self, ti: TargetId, tokens: u64, now: Instant) -> Result<(Permit, u32, Instant), Relayed> {
         let index = self.targets.upstream(ti);
         let upstream = &self.job.gw.upstreams[index];
         if self.targets.first_use(ti) {
@@ -382,7 +392,7 @@ impl<'a> Run<'a> {
     }
 
     /// Send and classify: one attempt on target `ti`.
-    async fn send(&mut self, ti: usize, now: Instant) -> Attempt {
+    async fn send(&mut self, ti: TargetId, now: Instant) -> Attempt {
         let remaining = self.job.deadline.saturating_duration_since(now);
         let body = self.targets.body(ti, self.job);
         let index = self.targets.upstream(ti);
@@ -392,7 +402,7 @@ impl<'a> Run<'a> {
 
     /// The attempt succeeded: its answer goes to the client, holding the
     /// slot until its last byte.
-    fn succeed(&mut self, ti: usize, mut answer: Answer, mut permit: Permit) -> Relayed {
+    fn succeed(&mut self, ti: TargetId, mut answer: Answer, mut permit: Permit) -> Relayed {
         let upstream = self.upstream(ti);
         upstream.limiter.on_success();
         upstream.health.on_success();
@@ -418,7 +428,7 @@ impl<'a> Run<'a> {
     /// Feed back: the one place a failed attempt's outcome reaches the
     /// upstream's health, its learned limit, the other replicas and this
     /// request's view of its targets.
-    fn feed_back(&mut self, ti: usize, outcome: &Outcome, held: u32) {
+    fn feed_back(&mut self, ti: TargetId, outcome: &Outcome, held: u32) {
         let index = self.targets.upstream(ti);
         let gw = &self.job.gw;
         let upstream = &gw.upstreams[index];
@@ -442,7 +452,7 @@ impl<'a> Run<'a> {
 
     /// Decide: the retry policy's verdict on this failure (pure; the
     /// situation is gathered here).
-    fn decide(&self, ti: usize, outcome: &Outcome) -> Decision {
+    fn decide(&self, ti: TargetId, outcome: &Outcome) -> Decision {
         let upstream = self.upstream(ti);
         let now = Instant::now();
         retry::decide(&Situation {
@@ -461,7 +471,7 @@ impl<'a> Run<'a> {
     }
 
     /// Records the failed attempt and what was decided about it.
-    fn log(&mut self, ti: usize, outcome: &Outcome, decision: &Decision) {
+    fn log(&mut self, ti: TargetId, outcome: &Outcome, decision: &Decision) {
         let fatal = outcome.rule.as_ref().is_some_and(|r| r.fatal);
         let (verdict, wait) = match decision {
             Decision::Retry { wait, .. } => (Verdict::RetrySame, Some(*wait)),
@@ -484,7 +494,7 @@ impl<'a> Run<'a> {
     /// answer verbatim when it is final as sent, else tidegate's account.
     fn give_up(
         &mut self,
-        ti: usize,
+        ti: TargetId,
         why: GiveUp,
         outcome: &Outcome,
         buffered: Option<(http::response::Parts, Bytes)>,
@@ -503,7 +513,13 @@ impl<'a> Run<'a> {
 
 /// One attempt: send, and turn whatever came back into an answer or a
 /// classified failure.
-async fn attempt(job: &Job, index: usize, upstream: &Upstream, sent: (Bytes, &str), remaining: Duration) -> Attempt {
+async fn attempt(
+    job: &Job,
+    index: UpstreamId,
+    upstream: &Upstream,
+    sent: (Bytes, &str),
+    remaining: Duration,
+) -> Attempt {
     let (body, model) = sent;
     let timeout = upstream.config.header_timeout.min(remaining);
     let rules = &upstream.config.rules;

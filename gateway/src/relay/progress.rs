@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
+use crate::ids::UpstreamId;
+
 /// Where the attempt loop stands, readable while it runs.
 #[derive(Debug, Default)]
 pub struct Progress {
@@ -14,8 +16,8 @@ pub struct Progress {
 
 impl Progress {
     /// Records a new attempt.
-    pub fn attempt(&self, upstream: usize) {
-        self.upstream.store(upstream, Ordering::Relaxed);
+    pub fn attempt(&self, upstream: UpstreamId) {
+        self.upstream.store(upstream.index(), Ordering::Relaxed);
         self.attempt.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -24,8 +26,8 @@ impl Progress {
         self.attempt.load(Ordering::Relaxed)
     }
 
-    /// Upstream of the current attempt.
-    pub fn upstream(&self) -> usize {
-        self.upstream.load(Ordering::Relaxed)
+    /// Upstream of the current attempt (`None` before the first).
+    pub fn upstream(&self) -> Option<UpstreamId> {
+        (self.attempts() > 0).then(|| UpstreamId::at(self.upstream.load(Ordering::Relaxed)))
     }
 }

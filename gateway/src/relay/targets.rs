@@ -17,13 +17,14 @@ use crate::classify::Class;
 use crate::config::{ModelRoute, Strategy};
 use crate::gateway::Gateway;
 use crate::health::Availability;
+use crate::ids::{TargetId, UpstreamId};
 use crate::protocol::{self, Endpoint};
 
 /// What was tried on one target, for the final message.
 #[derive(Debug, Clone)]
 pub struct Tried {
-    /// Upstream index.
-    pub upstream: usize,
+    /// The upstream.
+    pub upstream: UpstreamId,
     /// Attempts made on it.
     pub attempts: u32,
     /// Class of its last failure.
@@ -34,12 +35,14 @@ pub struct Tried {
 
 /// Where the next attempt goes.
 pub enum Pick {
-    /// This target index.
-    Use(usize),
-    /// Every target left has an open breaker: the first probe is due then.
-    WaitUntil(Instant),
-    /// The best target left asked (`Retry-After`) for nothing before then.
-    HoldUntil(Instant),
+    /// This target.
+    Use(TargetId),
+    /// Every target left has an open breaker: the first probe (on this
+    /// target) is due then.
+    WaitUntil(Instant, TargetId),
+    /// The best target left (this one) asked (`Retry-After`) for nothing
+    /// before then.
+    HoldUntil(Instant, TargetId),
     /// No target left.
     NoneLeft,
 }
@@ -60,7 +63,7 @@ impl<'a> Targets<'a> {
     /// The route's targets that serve `endpoint`, none tried yet; with
     /// `pin`, only those on that upstream (it stores the state the request
     /// continues).
-    pub fn new(gw: &'a Gateway, route: &'a ModelRoute, endpoint: Endpoint, pin: Option<usize>) -> Self {
+    pub fn new(gw: &'a Gateway, route: &'a ModelRoute, endpoint: Endpoint, pin: Option<UpstreamId>) -> Self {
         let mut excluded = 0u64;
         for (i, t) in route.targets.iter().enumerate() {
             let serves = gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
@@ -102,9 +105,11 @@ impl<'a> Targets<'a> {
         if self.route.targets.len() == 1 {
             return match (self.is_excluded(0), self.availability(0, now, true)) {
                 (true, _) => Pick::NoneLeft,
-                (false, Availability::Open(until)) => Pick::WaitUntil(until),
-                (false, Availability::Held(until)) => Pick::HoldUntil(until),
-                (false, Availability::Ready | Availability::Probe | Availability::Cooling(_)) => Pick::Use(0),
+                (false, Availability::Open(until)) => Pick::WaitUntil(until, TargetId::at(0)),
+                (false, Availability::Held(until)) => Pick::HoldUntil(until, TargetId::at(0)),
+                (false, Availability::Ready | Availability::Probe | Availability::Cooling(_)) => {
+                    Pick::Use(TargetId::at(0))
+                }
             };
         }
         let order = self.order();
@@ -112,62 +117,69 @@ impl<'a> Targets<'a> {
             return Pick::NoneLeft;
         }
         let mut cooling: Option<(Instant, usize)> = None;
-        let mut held: Option<Instant> = None;
-        let mut open: Option<Instant> = None;
+        let mut held: Option<(Instant, usize)> = None;
+        let mut open: Option<(Instant, usize)> = None;
+        // The earliest of two (time, target) pairs, the first on a tie.
+        let sooner = |kept: Option<(Instant, usize)>, until: Instant, i: usize| {
+            kept.filter(|(k, _)| *k <= until).or(Some((until, i)))
+        };
         for &i in &order {
             match self.availability(i, now, false) {
                 Availability::Ready | Availability::Probe => {
                     // Claim for real (a probe is given to one request only).
                     match self.availability(i, now, true) {
-                        Availability::Ready | Availability::Probe => return Pick::Use(i),
-                        Availability::Cooling(until) => {
-                            cooling = cooling.filter(|(u, _)| *u <= until).or(Some((until, i)))
-                        }
-                        Availability::Open(until) => open = Some(open.map_or(until, |o| o.min(until))),
-                        Availability::Held(until) => held = Some(held.map_or(until, |h| h.min(until))),
+                        Availability::Ready | Availability::Probe => return Pick::Use(TargetId::at(i)),
+                        Availability::Cooling(until) => cooling = sooner(cooling, until, i),
+                        Availability::Open(until) => open = sooner(open, until, i),
+                        Availability::Held(until) => held = sooner(held, until, i),
                     }
                 }
-                Availability::Held(until) => held = Some(held.map_or(until, |h| h.min(until))),
-                Availability::Cooling(until) => cooling = cooling.filter(|(u, _)| *u <= until).or(Some((until, i))),
-                Availability::Open(until) => open = Some(open.map_or(until, |o| o.min(until))),
+                Availability::Held(until) => held = sooner(held, until, i),
+                Availability::Cooling(until) => cooling = sooner(cooling, until, i),
+                Availability::Open(until) => open = sooner(open, until, i),
             }
         }
         // Busy everywhere: the one that frees first (the retry wait
         // already paced this attempt).
         if let Some((_, i)) = cooling {
-            return Pick::Use(i);
+            return Pick::Use(TargetId::at(i));
         }
-        if let Some(until) = held {
-            return Pick::HoldUntil(until);
+        if let Some((until, i)) = held {
+            return Pick::HoldUntil(until, TargetId::at(i));
         }
-        open.map_or(Pick::NoneLeft, Pick::WaitUntil)
+        open.map_or(Pick::NoneLeft, |(until, i)| Pick::WaitUntil(until, TargetId::at(i)))
     }
 
     /// Another target than `current` could take an attempt right now.
-    pub fn other_ready(&self, current: usize, now: Instant) -> bool {
+    pub fn other_ready(&self, current: TargetId, now: Instant) -> bool {
+        let current = current.index();
         self.order().into_iter().any(|i| {
             i != current && matches!(self.availability(i, now, false), Availability::Ready | Availability::Probe)
         })
     }
 
     /// Another target than `current` is still allowed for this request.
-    pub fn other_left(&self, current: usize) -> bool {
+    pub fn other_left(&self, current: TargetId) -> bool {
+        let current = current.index();
         (0..self.route.targets.len()).any(|i| i != current && !self.is_excluded(i))
     }
 
-    /// The upstream index of target `i`.
-    pub fn upstream(&self, i: usize) -> usize {
+    /// The upstream of target `i`.
+    pub fn upstream(&self, i: TargetId) -> UpstreamId {
+        let i = i.index();
         self.route.targets[i].upstream
     }
 
     /// Leaves a target out for the rest of this request.
-    pub fn exclude(&mut self, i: usize) {
+    pub fn exclude(&mut self, i: TargetId) {
+        let i = i.index();
         self.excluded |= 1 << i;
     }
 
     /// The body for target `i`: the client's bytes with its model (the
     /// same bytes on every attempt; no copy when the name is unchanged).
-    pub fn body(&self, i: usize, job: &Job) -> Bytes {
+    pub fn body(&self, i: TargetId, job: &Job) -> Bytes {
+        let i = i.index();
         protocol::body_for_target(
             &job.body,
             &job.head,
@@ -176,25 +188,29 @@ impl<'a> Targets<'a> {
     }
 
     /// The model name target `i` is sent.
-    pub fn model<'j>(&'j self, i: usize, job: &'j Job) -> &'j str {
+    pub fn model<'j>(&'j self, i: TargetId, job: &'j Job) -> &'j str {
+        let i = i.index();
         self.route.targets[i].model.as_deref().unwrap_or(&job.head.model)
     }
 
     /// Marks the first use of a target (the retry budget counts requests).
-    pub fn first_use(&mut self, i: usize) -> bool {
+    pub fn first_use(&mut self, i: TargetId) -> bool {
+        let i = i.index();
         let first = self.used & (1 << i) == 0;
         self.used |= 1 << i;
         first
     }
 
     /// Failed attempts made on target `i`'s upstream so far.
-    pub fn attempts_on(&self, i: usize) -> u32 {
+    pub fn attempts_on(&self, i: TargetId) -> u32 {
+        let i = i.index();
         let upstream = self.route.targets[i].upstream;
         self.tried.iter().find(|t| t.upstream == upstream).map_or(0, |t| t.attempts)
     }
 
     /// Records a failed attempt on target `i`.
-    pub fn failed(&mut self, i: usize, class: Class, last: &str) {
+    pub fn failed(&mut self, i: TargetId, class: Class, last: &str) {
+        let i = i.index();
         let upstream = self.route.targets[i].upstream;
         match self.tried.iter_mut().find(|t| t.upstream == upstream) {
             Some(t) => {

@@ -32,6 +32,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::classify::Class;
+use crate::ids::UpstreamId;
 use crate::protocol::events::Kind;
 use crate::protocol::{ErrorKind, Protocol};
 use crate::record::{AttemptLog, Outcome, Usage, Verdict};
@@ -93,7 +94,7 @@ pub struct RelayBody {
     ready: usize,
     protocol: Protocol,
     /// The upstream answering (index, name).
-    upstream: (usize, String),
+    upstream: (UpstreamId, String),
     /// A last frame to send (a synthesised error event), then the end.
     last: Option<Bytes>,
     outcome: Option<(Outcome, Option<String>)>,
@@ -147,7 +148,7 @@ impl RelayBody {
         json: json_end::JsonEnd,
         idle: Duration,
         protocol: Protocol,
-        upstream: (usize, &str),
+        upstream: (UpstreamId, &str),
     ) -> Self {
         let mut body = Self::new(inner, idle, None, 0, protocol, upstream);
         body.json = json;
@@ -160,7 +161,7 @@ impl RelayBody {
         bytes: Bytes,
         json: json_end::JsonEnd,
         protocol: Protocol,
-        upstream: (usize, &str),
+        upstream: (UpstreamId, &str),
         id: Option<String>,
     ) -> Self {
         let mut body = Self::new_detached(protocol, upstream);
@@ -179,12 +180,12 @@ impl RelayBody {
         scanner: Scanner,
         ready: usize,
         protocol: Protocol,
-        upstream: (usize, &str),
+        upstream: (UpstreamId, &str),
     ) -> Self {
         Self::new(inner, idle, Some(scanner), ready, protocol, upstream)
     }
 
-    fn new_detached(protocol: Protocol, upstream: (usize, &str)) -> Self {
+    fn new_detached(protocol: Protocol, upstream: (UpstreamId, &str)) -> Self {
         Self {
             inner: None,
             idle: Duration::ZERO,
@@ -217,7 +218,7 @@ impl RelayBody {
         sse: Option<Scanner>,
         ready: usize,
         protocol: Protocol,
-        upstream: (usize, &str),
+        upstream: (UpstreamId, &str),
     ) -> Self {
         let mut body = Self::new_detached(protocol, upstream);
         body.inner = Some(inner);
@@ -328,7 +329,7 @@ impl RelayBody {
     pub fn into_continuation(mut self) -> Option<resume::Reopened> {
         let inner = self.inner.take()?;
         let first = self.sse.as_mut().map(|s| s.take(s.held())).unwrap_or_default();
-        Some(resume::Reopened { inner, first, upstream: std::mem::take(&mut self.upstream) })
+        Some(resume::Reopened { inner, first, upstream: self.upstream })
     }
 
     /// How it ended, once it has (taken once).

@@ -18,6 +18,8 @@
 use crate::upstream::UpstreamBody;
 use bytes::Bytes;
 
+use crate::ids::UpstreamId;
+
 /// A continuation that started: the rest of its body and what its
 /// handshake read (the stream body drops the opening events from it).
 pub struct Reopened {
@@ -26,5 +28,5 @@ pub struct Reopened {
     /// Bytes read so far, opening events included.
     pub first: Bytes,
     /// The upstream that continues (index, name).
-    pub upstream: (usize, String),
+    pub upstream: (UpstreamId, String),
 }
