@@ -39,6 +39,8 @@
 //! the demo that runs one burst straight at it and one through tidegate;
 //! the command line (`src/main.rs`), the tests and the benches use it.
 
+#![warn(missing_docs)]
+
 pub mod anomaly;
 pub mod classify;
 pub mod config;

@@ -178,7 +178,7 @@ impl Body for ExchangeBody {
                     match exchange.reopened(ran) {
                         Ok(reopened) => body.continue_with(reopened),
                         // A continuation that failed is not chained with another.
-                        Err(error) => body.not_continued(Some(&error)),
+                        Err(error) => body.not_continued(Some(&error.to_string())),
                     }
                     *state = State::Relaying { body, exchange };
                 }

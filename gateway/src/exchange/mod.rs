@@ -42,6 +42,20 @@ pub const MAX_RESUMES: u8 = 2;
 /// the job back with what happened.
 pub type Running = Pin<Box<dyn Future<Output = (Job, Relayed)> + Send>>;
 
+/// Why a continuation did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReopened {
+    /// The continuation's answer was not a stream.
+    #[error("the continuation was not a stream")]
+    NotAStream,
+    /// The upstream refused it (status, its answer in one line).
+    #[error("the continuation was answered {0}: {1}")]
+    Answered(u16, String),
+    /// tidegate's own answer (deadline, no target left, …).
+    #[error(transparent)]
+    Gateway(GatewayError),
+}
+
 /// One request from arrival to its last byte (see the module doc).
 pub struct Exchange {
     /// What happened so far; written out once, at the end.
@@ -196,23 +210,20 @@ impl Exchange {
     /// Takes what a continuation's run did into the record: a stream that
     /// started is handed over (its slot replaces the broken one's), any
     /// other answer is why resuming failed.
-    pub fn reopened(&mut self, (_, relayed): (Job, Relayed)) -> Result<Reopened, String> {
+    pub fn reopened(&mut self, (_, relayed): (Job, Relayed)) -> Result<Reopened, NotReopened> {
         self.report.attempts.extend(relayed.attempts);
         self.report.queue_wait += relayed.queue_wait;
         match relayed.answer {
             Answer::Stream(_, body) => {
-                let reopened =
-                    body.into_continuation().ok_or_else(|| "the continuation was not a stream".to_owned())?;
+                let reopened = body.into_continuation().ok_or(NotReopened::NotAStream)?;
                 self.report.upstream = Some(reopened.upstream.0);
                 self.permit = relayed.permit;
                 Ok(reopened)
             }
-            Answer::Verbatim { parts, body, .. } => Err(format!(
-                "the continuation was answered {}: {}",
-                parts.status.as_u16(),
-                crate::classify::summary::summarize(&body)
-            )),
-            Answer::Gateway(error) => Err(error.to_string()),
+            Answer::Verbatim { parts, body, .. } => {
+                Err(NotReopened::Answered(parts.status.as_u16(), crate::classify::summary::summarize(&body)))
+            }
+            Answer::Gateway(error) => Err(NotReopened::Gateway(error)),
         }
     }
 

@@ -21,31 +21,6 @@ use crate::protocol::{self, Endpoint, Family, Protocol};
 use crate::relay::progress::Progress;
 use crate::route;
 
-/// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    proxy(gw, Endpoint::ChatCompletions, req).await
-}
-
-/// `POST /v1/responses` (the OpenAI Responses API; Codex speaks only this).
-pub async fn responses(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    proxy(gw, Endpoint::Responses, req).await
-}
-
-/// `POST /v1/embeddings`.
-pub async fn embeddings(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    proxy(gw, Endpoint::Embeddings, req).await
-}
-
-/// `POST /v1/messages`.
-pub async fn messages(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    proxy(gw, Endpoint::Messages, req).await
-}
-
-/// `POST /v1/messages/count_tokens`.
-pub async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    proxy(gw, Endpoint::CountTokens, req).await
-}
-
 /// The protocol a request outside the model endpoints is answered in:
 /// Anthropic's for clients that send `anthropic-version`, else OpenAI's.
 fn protocol_of(headers: &HeaderMap) -> Protocol {

@@ -1,7 +1,8 @@
 //! The client-facing HTTP server: listener, routes, thin handlers.
 //!
-//! Handlers only authenticate, read the body, find the route and hand over
-//! to [`crate::relay`]; everything they answer by themselves goes through
+//! Handlers only admit the request (key, origin, body), have it routed
+//! ([`crate::route`]) and hand it to its [`crate::exchange::Exchange`];
+//! everything they answer by themselves goes through
 //! [`crate::error::GatewayError`].
 
 pub mod admin;
@@ -16,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::FromRef;
+use axum::extract::{FromRef, Request, State};
 use axum::routing::{get, post};
 use std::future::Future;
 use std::time::Duration;
@@ -26,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::gateway::{Gateway, Live, ReloadError, Reloaded};
+use crate::protocol::Endpoint;
 use crate::upstream::BuildError;
 
 /// What handlers are given: the live gateway. A handler asking for
@@ -42,13 +44,18 @@ impl FromRef<AppState> for Arc<Gateway> {
 
 /// The route table.
 pub fn router(live: Arc<Live>) -> Router {
-    Router::new()
+    // The model endpoints, from their one list: [`Front`] sends their
+    // POSTs to the handler directly; here they are for other methods (a
+    // 405) and for anyone serving the router alone.
+    let mut router = Router::new();
+    for endpoint in Endpoint::ALL {
+        router = router.route(
+            endpoint.path(),
+            post(move |State(gw): State<Arc<Gateway>>, req: Request| handlers::proxy(gw, endpoint, req)),
+        );
+    }
+    router
         .route("/", get(handlers::root))
-        .route("/v1/chat/completions", post(handlers::chat_completions))
-        .route("/v1/responses", post(handlers::responses))
-        .route("/v1/embeddings", post(handlers::embeddings))
-        .route("/v1/messages", post(handlers::messages))
-        .route("/v1/messages/count_tokens", post(handlers::count_tokens))
         .route("/v1/models", get(handlers::models))
         .route("/healthz", get(handlers::healthz))
         .route("/metrics", get(admin::metrics))
@@ -87,7 +94,7 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Front {
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         let req = req.map(axum::body::Body::new);
         if req.method() == http::Method::POST
-            && let Some(endpoint) = crate::protocol::Endpoint::ALL.into_iter().find(|e| e.path() == req.uri().path())
+            && let Some(endpoint) = Endpoint::ALL.into_iter().find(|e| e.path() == req.uri().path())
         {
             let gw = self.live.load();
             return Box::pin(async move { Ok(handlers::proxy(gw, endpoint, req).await) });

@@ -19,9 +19,10 @@ use crate::protocol::Protocol;
 use crate::protocol::events::Kind;
 
 /// How a stream's opening went.
-// Returned once per stream and matched at once: boxing the large `Open`
-// would add an allocation to every stream for no saving.
-#[allow(clippy::large_enum_variant)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once per stream and matched at once: boxing the large `Open` would add an allocation to every stream for no saving"
+)]
 pub enum Handshake {
     /// Content started: relay it. `ready` bytes of the scanner are complete
     /// events to send first (keep-alives and the opening included).

@@ -58,10 +58,16 @@ impl Bedrock {
     }
 
     /// Signs `req` (whose body is `body`) as of `time`.
-    pub fn sign(&self, req: &mut http::Request<Full<Bytes>>, body: &[u8], time: SystemTime) -> Result<(), String> {
+    pub fn sign(&self, req: &mut http::Request<Full<Bytes>>, body: &[u8], time: SystemTime) -> Result<(), SignError> {
         sign_request(req, body, &["host", "content-type"], &self.identity, &self.region, SERVICE, time)
     }
 }
+
+/// A request SigV4 could not sign (the credentials or the request's
+/// shape; the message never holds a key).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot sign: {0}")]
+pub struct SignError(String);
 
 /// Signs `req` with SigV4: the listed headers (those present), the method,
 /// URI and body hash; adds `x-amz-date`, `authorization` and, with a
@@ -75,7 +81,7 @@ pub fn sign_request(
     region: &str,
     service: &str,
     time: SystemTime,
-) -> Result<(), String> {
+) -> Result<(), SignError> {
     let params = v4::SigningParams::builder()
         .identity(identity)
         .region(region)
@@ -83,7 +89,7 @@ pub fn sign_request(
         .time(time)
         .settings(SigningSettings::default())
         .build()
-        .map_err(|e| format!("cannot sign: {e}"))?
+        .map_err(|e| SignError(e.to_string()))?
         .into();
     let instructions = {
         let uri = req.uri().to_string();
@@ -92,8 +98,8 @@ pub fn sign_request(
             Some((*name, value))
         });
         let signable = SignableRequest::new(req.method().as_str(), &uri, signed, SignableBody::Bytes(body))
-            .map_err(|e| format!("cannot sign: {e}"))?;
-        let (instructions, _signature) = sign(signable, &params).map_err(|e| format!("cannot sign: {e}"))?.into_parts();
+            .map_err(|e| SignError(e.to_string()))?;
+        let (instructions, _signature) = sign(signable, &params).map_err(|e| SignError(e.to_string()))?.into_parts();
         instructions
     };
     instructions.apply_to_request_http1x(req);

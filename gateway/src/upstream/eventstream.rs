@@ -43,7 +43,7 @@ impl Translator {
     }
 
     /// Writes the SSE events of every complete message fed so far.
-    pub fn drain(&mut self, out: &mut BytesMut) -> Result<(), String> {
+    pub fn drain(&mut self, out: &mut BytesMut) -> Result<(), FrameError> {
         loop {
             let before = self.buf.len();
             match self.decoder.decode_frame(&mut self.buf) {
@@ -57,7 +57,7 @@ impl Translator {
                     self.started |= self.buf.len() < before || !self.buf.is_empty();
                     return Ok(());
                 }
-                Err(err) => return Err(format!("a broken event-stream message: {err}")),
+                Err(err) => return Err(FrameError::Broken(err.to_string())),
             }
         }
     }
@@ -100,9 +100,7 @@ impl Body for EventStreamSse {
             if this.ended {
                 if this.translator.unfinished() {
                     this.translator = Translator::default();
-                    return Poll::Ready(Some(Err(ReadError::Framing(
-                        "the stream ended inside an event-stream message".into(),
-                    ))));
+                    return Poll::Ready(Some(Err(ReadError::Framing(FrameError::Unfinished))));
                 }
                 return Poll::Ready(None);
             }
@@ -135,7 +133,7 @@ fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
 
 /// The SSE event(s) one message stands for (none for messages that carry
 /// no event, e.g. an initial response).
-fn sse_of(message: &Message, out: &mut BytesMut) -> Result<(), String> {
+fn sse_of(message: &Message, out: &mut BytesMut) -> Result<(), FrameError> {
     match header(message, ":message-type").unwrap_or("event") {
         "event" if header(message, ":event-type") == Some("chunk") => {
             #[derive(serde::Deserialize)]
@@ -143,8 +141,8 @@ fn sse_of(message: &Message, out: &mut BytesMut) -> Result<(), String> {
                 bytes: String,
             }
             let chunk: Chunk =
-                serde_json::from_slice(message.payload()).map_err(|e| format!("a chunk without its bytes: {e}"))?;
-            let event = STANDARD.decode(chunk.bytes.as_bytes()).map_err(|e| format!("a chunk not in base64: {e}"))?;
+                serde_json::from_slice(message.payload()).map_err(|e| FrameError::NoBytes(e.to_string()))?;
+            let event = STANDARD.decode(chunk.bytes.as_bytes()).map_err(|e| FrameError::NotBase64(e.to_string()))?;
             write_event(&event, out)
         }
         "event" => Ok(()),
@@ -163,20 +161,41 @@ fn sse_of(message: &Message, out: &mut BytesMut) -> Result<(), String> {
     }
 }
 
+/// What makes an event-stream answer unreadable.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FrameError {
+    /// A frame that does not decode (length, checksum, headers).
+    #[error("a broken event-stream message: {0}")]
+    Broken(String),
+    /// A `chunk` event whose payload has no `bytes`.
+    #[error("a chunk without its bytes: {0}")]
+    NoBytes(String),
+    /// A `chunk` whose `bytes` are not base64.
+    #[error("a chunk not in base64: {0}")]
+    NotBase64(String),
+    /// A chunk's bytes that are not an Anthropic event.
+    #[error("a chunk that is not an event: {0}")]
+    NotAnEvent(String),
+    /// The body ended inside a message.
+    #[error("the stream ended inside an event-stream message")]
+    Unfinished,
+}
+
 /// Writes one Anthropic event as SSE: its `type` is the event name.
-fn write_event(json: &[u8], out: &mut BytesMut) -> Result<(), String> {
+fn write_event(json: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
     #[derive(serde::Deserialize)]
     struct Typed<'a> {
         #[serde(borrow, rename = "type")]
         kind: std::borrow::Cow<'a, str>,
     }
-    let typed: Typed<'_> = serde_json::from_slice(json).map_err(|e| format!("a chunk that is not an event: {e}"))?;
+    let typed: Typed<'_> = serde_json::from_slice(json).map_err(|e| FrameError::NotAnEvent(e.to_string()))?;
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(typed.kind.as_bytes());
     out.extend_from_slice(b"\ndata: ");
     if json.contains(&b'\n') {
         // SSE data may not hold a newline: write the JSON compact.
-        let value: serde_json::Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+        let value: serde_json::Value =
+            serde_json::from_slice(json).map_err(|e| FrameError::NotAnEvent(e.to_string()))?;
         out.extend_from_slice(value.to_string().as_bytes());
     } else {
         out.extend_from_slice(json);
@@ -242,7 +261,7 @@ fn encode(headers: Vec<Header>, payload: Vec<u8>) -> Bytes {
 mod tests {
     use super::*;
 
-    fn translate(parts: &[&[u8]]) -> Result<String, String> {
+    fn translate(parts: &[&[u8]]) -> Result<String, FrameError> {
         let mut t = Translator::default();
         let mut out = BytesMut::new();
         for part in parts {
@@ -288,8 +307,10 @@ mod tests {
         let mut wire = encode_chunk(br#"{"type":"ping"}"#).to_vec();
         let last = wire.len() - 1;
         wire[last] ^= 0xff; // the message CRC no longer matches
-        assert!(translate(&[&wire]).unwrap_err().contains("event-stream"));
+        let broken = translate(&[&wire]).unwrap_err();
+        assert!(matches!(broken, FrameError::Broken(_)) && broken.to_string().contains("event-stream"), "{broken}");
         let chunk = encode(vec![Header::new(":event-type", HeaderValue::String("chunk".into()))], b"{}".to_vec());
-        assert!(translate(&[&chunk]).unwrap_err().contains("bytes"));
+        let empty = translate(&[&chunk]).unwrap_err();
+        assert!(matches!(empty, FrameError::NoBytes(_)) && empty.to_string().contains("bytes"), "{empty}");
     }
 }

@@ -132,8 +132,8 @@ pub enum ReadError {
     #[error(transparent)]
     Http(#[from] hyper::Error),
     /// The body's framing was broken (a bad event-stream message).
-    #[error("{0}")]
-    Framing(String),
+    #[error(transparent)]
+    Framing(#[from] eventstream::FrameError),
 }
 
 /// Why an upstream could not be set up.
@@ -170,9 +170,9 @@ impl Upstream {
         let reach = match &config.kind {
             UpstreamKind::Direct => Reach::Direct,
             UpstreamKind::Bedrock(b) => Reach::Bedrock(bedrock::Bedrock::new(b)),
-            UpstreamKind::Vertex(v) => {
-                Reach::Vertex(vertex::Vertex::new(v).map_err(|e| BuildError::Credentials(config.name.clone(), e))?)
-            }
+            UpstreamKind::Vertex(v) => Reach::Vertex(
+                vertex::Vertex::new(v).map_err(|e| BuildError::Credentials(config.name.clone(), e.to_string()))?,
+            ),
             UpstreamKind::Azure(a) => Reach::Azure(azure::Azure::new(a)),
         };
         let mut uris: [Option<Uri>; Endpoint::ALL.len()] = Default::default();
@@ -317,7 +317,8 @@ impl Upstream {
             if let Some(host) = req.uri().authority().and_then(|a| HeaderValue::try_from(a.as_str()).ok()) {
                 req.headers_mut().insert(header::HOST, host);
             }
-            aws.sign(&mut req, &body, std::time::SystemTime::now()).map_err(SendError::Credentials)?;
+            aws.sign(&mut req, &body, std::time::SystemTime::now())
+                .map_err(|e| SendError::Credentials(e.to_string()))?;
         }
         Ok(req)
     }
@@ -329,7 +330,7 @@ impl Upstream {
 
     /// Sends a request and waits up to `timeout` for the response headers
     /// (not the body); a Vertex request gets its access token first.
-    #[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+    #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
     pub fn send(
         &self,
         mut req: Request<Full<Bytes>>,
@@ -347,7 +348,7 @@ impl Upstream {
                 let token = tokio::time::timeout(timeout, Box::pin(vertex.token()))
                     .await
                     .map_err(|_| SendError::Timeout(timeout))?
-                    .map_err(SendError::Credentials)?;
+                    .map_err(|e| SendError::Credentials(e.to_string()))?;
                 let mut value = HeaderValue::try_from(format!("Bearer {token}"))
                     .map_err(|_| SendError::Credentials("the access token cannot be sent as a header".into()))?;
                 value.set_sensitive(true);
@@ -356,7 +357,7 @@ impl Upstream {
             }
             let resp = match tokio::time::timeout(left, self.pool.send(req)).await {
                 Err(_) => return Err(SendError::Timeout(timeout)),
-                Ok(Err(err)) => return Err(SendError::Transport(err)),
+                Ok(Err(err)) => return Err(SendError::Transport(err.to_string())),
                 Ok(Ok(resp)) => resp,
             };
             let (mut parts, incoming) = resp.into_parts();

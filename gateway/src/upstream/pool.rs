@@ -77,11 +77,11 @@ impl Pool {
 
     /// Sends `req` (an absolute URI) and returns the answer's head; its
     /// body gives the connection back when read to the end.
-    #[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+    #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
     pub fn send(
         self: &Arc<Self>,
         mut req: Request<Full<Bytes>>,
-    ) -> impl Future<Output = Result<Response<PooledBody>, String>> + Send + '_ {
+    ) -> impl Future<Output = Result<Response<PooledBody>, TransportError>> + Send + '_ {
         // Not an `async fn`: that would keep the request twice in the
         // future (see `relay::relay`).
         async move {
@@ -123,7 +123,7 @@ impl Pool {
                             req = unsent;
                             stale += 1;
                         }
-                        _ => return Err(super::describe(failed.error())),
+                        _ => return Err(TransportError::Send(super::describe(failed.error()))),
                     },
                 }
             }
@@ -171,14 +171,29 @@ impl Pool {
     }
 
     /// A new connection (TCP, TLS for `https`), its driver spawned.
-    async fn connect(&self, target: &Uri) -> Result<Conn, String> {
+    async fn connect(&self, target: &Uri) -> Result<Conn, TransportError> {
         let mut connector = self.connector.clone();
-        let io = connector.call(target.clone()).await.map_err(|e| super::describe(&*e))?;
+        let io = connector.call(target.clone()).await.map_err(|e| TransportError::Connect(super::describe(&*e)))?;
         let (conn, driver) =
-            self.handshake.handshake(io).await.map_err(|e| format!("handshake failed: {}", super::describe(&e)))?;
+            self.handshake.handshake(io).await.map_err(|e| TransportError::Handshake(super::describe(&e)))?;
         tokio::spawn(crate::logging::Drive { connection: driver, holding: (), what: "upstream" });
         Ok(conn)
     }
+}
+
+/// Why a request never got an answer's head from the upstream (each
+/// with the cause chain, as text: it names no credential).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TransportError {
+    /// DNS, TCP or TLS failed.
+    #[error("{0}")]
+    Connect(String),
+    /// The HTTP/1 handshake failed.
+    #[error("handshake failed: {0}")]
+    Handshake(String),
+    /// The connection failed while sending or before the head arrived.
+    #[error("{0}")]
+    Send(String),
 }
 
 /// Closes idle connections when they have been idle for [`IDLE_FOR`] (a

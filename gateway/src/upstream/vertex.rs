@@ -47,11 +47,11 @@ enum Tokens {
 impl Vertex {
     /// From the validated config; a key file is read here (a bad one is a
     /// build error, as at `check`).
-    pub fn new(config: &VertexConfig) -> Result<Self, String> {
+    pub fn new(config: &VertexConfig) -> Result<Self, TokenError> {
         let tokens = match &config.auth {
             GoogleAuth::KeyFile(path) => {
                 let account = gcp_auth::CustomServiceAccount::from_file(path)
-                    .map_err(|e| format!("credentials_file {}: {e}", path.display()))?;
+                    .map_err(|e| TokenError::KeyFile(path.display().to_string(), e.to_string()))?;
                 let provider: Arc<dyn gcp_auth::TokenProvider> = Arc::new(account);
                 Tokens::Provider { from: config.auth.clone(), provider: OnceCell::new_with(Some(provider)) }
             }
@@ -72,7 +72,7 @@ impl Vertex {
 
     /// A current access token (cached; fetched when missing or about to
     /// expire). The error never holds the token or key.
-    pub async fn token(&self) -> Result<String, String> {
+    pub async fn token(&self) -> Result<String, TokenError> {
         match &self.tokens {
             Tokens::Provider { from, provider } => {
                 let provider = provider
@@ -83,8 +83,8 @@ impl Vertex {
                         }
                     })
                     .await
-                    .map_err(|e| format!("no Google credentials: {e}"))?;
-                let token = provider.token(&[SCOPE]).await.map_err(|e| format!("no access token: {e}"))?;
+                    .map_err(TokenError::NoCredentials)?;
+                let token = provider.token(&[SCOPE]).await.map_err(|e| TokenError::NoToken(e.to_string()))?;
                 Ok(token.as_str().to_owned())
             }
             Tokens::Command { command, ttl, cached } => {
@@ -102,22 +102,49 @@ impl Vertex {
     }
 }
 
+/// Why there is no access token. No variant holds a token or key, and a
+/// failed command's output is not repeated (it may hold a credential).
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// `credentials_file` could not be read as a service account key.
+    #[error("credentials_file {0}: {1}")]
+    KeyFile(String, String),
+    /// No application default credentials were found.
+    #[error("no Google credentials: {0}")]
+    NoCredentials(String),
+    /// The credentials gave no token.
+    #[error("no access token: {0}")]
+    NoToken(String),
+    /// `token_command` ran too long.
+    #[error("token_command took over {0:?}")]
+    CommandSlow(Duration),
+    /// `token_command` could not be started.
+    #[error("token_command could not run: {0}")]
+    CommandNotRun(String),
+    /// `token_command` exited with a failure.
+    #[error("token_command failed ({0})")]
+    CommandFailed(String),
+    /// `token_command` printed no token on its first line.
+    #[error("token_command printed no token")]
+    NoTokenPrinted,
+}
+
 /// Runs `token_command`; its first line of output is the token.
-async fn run(command: &str) -> Result<String, String> {
+async fn run(command: &str) -> Result<String, TokenError> {
     let mut child = tokio::process::Command::new("sh");
     child.arg("-c").arg(command).stdin(std::process::Stdio::null()).kill_on_drop(true);
     let output = tokio::time::timeout(COMMAND_TIMEOUT, child.output())
         .await
-        .map_err(|_| format!("token_command took over {COMMAND_TIMEOUT:?}"))?
-        .map_err(|e| format!("token_command could not run: {e}"))?;
+        .map_err(|_| TokenError::CommandSlow(COMMAND_TIMEOUT))?
+        .map_err(|e| TokenError::CommandNotRun(e.to_string()))?;
     if !output.status.success() {
         // Its output is not repeated: it may hold a credential.
-        return Err(format!("token_command failed ({})", output.status));
+        return Err(TokenError::CommandFailed(output.status.to_string()));
     }
     let text = String::from_utf8_lossy(&output.stdout);
     match text.lines().next().map(str::trim) {
         Some(token) if !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic()) => Ok(token.to_owned()),
-        _ => Err("token_command printed no token".into()),
+        _ => Err(TokenError::NoTokenPrinted),
     }
 }
 
