@@ -45,7 +45,7 @@ async fn burst_to(endpoint: String, n: usize, key: Option<&str>) -> Vec<(u16, In
     out
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn declared_limit_queues_a_burst_and_the_upstream_never_sees_more() {
     let sim = sim(&[("real-gpt", capped())]);
     let gw = gateway(&yaml(&sim, "", "    max_concurrent: 3", "")).await;
@@ -55,7 +55,7 @@ async fn declared_limit_queues_a_burst_and_the_upstream_never_sees_more() {
     assert_eq!(sim.state.rejected.load(SeqCst), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn undeclared_limit_is_learned() {
     let sim = sim(&[("real-gpt", capped())]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
@@ -74,7 +74,7 @@ async fn undeclared_limit_is_learned() {
     assert!(again < rejected, "the limit was not learned ({again} ≥ {rejected})");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn full_queue_is_shed_at_once_with_retry_after() {
     let sim = sim(&[("real-gpt", Behavior { latency_ms: 400, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "    max_concurrent: 1\n    max_queue: 2", "")).await;
@@ -108,7 +108,7 @@ async fn full_queue_is_shed_at_once_with_retry_after() {
     assert_eq!(waiting.await.unwrap(), vec![200, 200, 200]);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn deadline_in_the_queue_answers_504_and_takes_no_slot() {
     let sim = sim(&[("real-gpt", Behavior { latency_ms: 1000, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "    max_concurrent: 1", "")).await;
@@ -128,7 +128,7 @@ async fn deadline_in_the_queue_answers_504_and_takes_no_slot() {
     assert_eq!(sim.state.received().len(), 1, "the timed-out request reached the upstream");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn client_gone_while_queued_never_reaches_the_upstream() {
     let sim = sim(&[("real-gpt", Behavior { latency_ms: 600, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "    max_concurrent: 1", "")).await;
@@ -154,7 +154,7 @@ async fn client_gone_while_queued_never_reaches_the_upstream() {
     assert_eq!(sim.state.received().len(), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn one_clients_flood_does_not_starve_another() {
     let sim = sim(&[("real-gpt", Behavior { latency_ms: 40, ..Default::default() })]);
     let top = "client_keys:\n  - { name: flood, key: key-a }\n  - { name: single, key: key-b }";
@@ -171,7 +171,7 @@ async fn one_clients_flood_does_not_starve_another() {
     assert!(a_done_before_b < 40, "B waited behind A's flood: {a_done_before_b} of A's done first");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rpm_bucket_spreads_a_burst_and_none_fails() {
     let sim = sim(&[]);
     // 600/min: a minute's worth may burst, then one every 100 ms.
@@ -183,7 +183,7 @@ async fn rpm_bucket_spreads_a_burst_and_none_fails() {
     assert!(took >= Duration::from_millis(1400), "15 over the limit should take ~1.5 s, took {took:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn slot_is_released_after_an_error_and_after_a_client_leaves_mid_stream() {
     use futures_util::StreamExt;
     use tidegate_simulate::Fault;

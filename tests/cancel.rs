@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tidegate_simulate::Behavior;
 use tokio::io::AsyncWriteExt;
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn disconnect_while_waiting_for_headers_cancels_upstream() {
     let sim = sim(&[("slow", Behavior { latency_ms: 30_000, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "", "  slow:\n    targets: [{ upstream: sim-openai }]")).await;
@@ -32,7 +32,7 @@ async fn disconnect_while_waiting_for_headers_cancels_upstream() {
     assert_serves(&gw).await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn disconnect_mid_stream_cancels_upstream() {
     let sim = sim(&[("claude", Behavior { chunks: 500, chunk_delay_ms: 50, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
@@ -46,7 +46,7 @@ async fn disconnect_mid_stream_cancels_upstream() {
     assert_serves(&gw).await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn silent_stream_is_cut_after_idle_timeout() {
     let sim = sim(&[("real-gpt", Behavior { chunks: 3, chunk_delay_ms: 5_000, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "", "    stream_idle_timeout: 300ms", "")).await;

@@ -62,7 +62,7 @@ fn config(sims: &[&Simulator]) -> String {
     )
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn seventy_percent_refusals_on_one_target_are_absorbed_within_the_deadline() {
     let sim = flaky(0.7, 17);
     let gw = gateway(&config(&[&sim])).await;
@@ -83,7 +83,7 @@ async fn seventy_percent_refusals_on_one_target_are_absorbed_within_the_deadline
     assert!(per_success < 6.0, "{attempts} attempts for {ok} answers");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn seventy_percent_refusals_on_three_targets_are_all_absorbed() {
     let sims = [flaky(0.7, 1), flaky(0.7, 2), flaky(0.7, 3)];
     let gw = gateway(&config(&[&sims[0], &sims[1], &sims[2]])).await;
@@ -97,7 +97,7 @@ async fn seventy_percent_refusals_on_three_targets_are_all_absorbed() {
 /// Requests their own clients abandon (here: an 50 ms deadline against a
 /// 300 ms answer) say nothing about the upstream: its breaker stays closed
 /// and the next client is served.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn abandoned_requests_do_not_open_the_breaker_for_others() {
     let sim = sim(&[("real-gpt", Behavior { latency_ms: 300, ..Default::default() })]);
     let gw = gateway(&yaml(&sim, "admin_key: adm", "    breaker_failures: 3", "")).await;
@@ -117,7 +117,7 @@ async fn abandoned_requests_do_not_open_the_breaker_for_others() {
 
 /// An upstream that only sends SSE comments does not hold the request
 /// past its deadline.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn keepalives_do_not_stretch_a_handshake_past_the_deadline() {
     let pinging = Behavior { first_chunk_delay_ms: 30_000, ping_every_ms: Some(100), ..Default::default() };
     let sim = sim(&[("real-gpt", pinging)]);
@@ -141,7 +141,7 @@ async fn keepalives_do_not_stretch_a_handshake_past_the_deadline() {
 
 /// Whose wait it was, said truly: a provider's `Retry-After` beyond the
 /// deadline is the provider's; tidegate's own backoff is never put on it.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_give_up_message_says_who_asked_for_the_wait() {
     let body = r#"{"error":{"message":"Rate limit reached","type":"requests"}}"#;
     let sim = sim(&[

@@ -42,7 +42,7 @@ async fn ask(gw: &tidegate::server::Running, body: &str) -> (u16, String) {
     (status, upstream)
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn broken_primary_fails_over_with_the_same_request() {
     let primary =
         sim(&[("prim", Behavior { status: Some(503), error_body: "overloaded".into(), ..Default::default() })]);
@@ -60,7 +60,7 @@ async fn broken_primary_fails_over_with_the_same_request() {
     assert!(primary.state.received().len() < 5, "primary hit {} times", primary.state.received().len());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn three_flaky_targets_still_serve_almost_everything() {
     let flaky = |_| Behavior { fail_rate: 0.7, ..Default::default() };
     let sim = sim(&[("a", flaky(0)), ("b", flaky(1)), ("c", flaky(2))]);
@@ -95,7 +95,7 @@ async fn three_flaky_targets_still_serve_almost_everything() {
     assert!(ok >= 198, "only {ok}/200 succeeded");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn auth_failure_opens_the_primary_breaker_which_heals() {
     let primary = sim(&[(
         "prim",
@@ -120,7 +120,7 @@ async fn auth_failure_opens_the_primary_breaker_which_heals() {
     assert_eq!(primary.state.received().len(), 4);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn every_target_failing_gives_one_answer_naming_each() {
     let primary = sim(&[(
         "prim",
@@ -143,7 +143,7 @@ async fn every_target_failing_gives_one_answer_naming_each() {
     assert!(msg.contains("overloaded") && msg.contains("boom"), "{msg}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn balance_spreads_in_proportion_to_free_capacity() {
     let a = sim(&[("prim", Behavior { latency_ms: 400, ..Default::default() })]);
     let b = sim(&[("sec", Behavior { latency_ms: 400, ..Default::default() })]);

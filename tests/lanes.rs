@@ -119,7 +119,7 @@ async fn queued_upstream(gw: &tidegate::server::Running, n: u64) {
     panic!("the upstream queue never held {n}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_capped_key_never_holds_more_and_the_free_slots_go_to_others() {
     let sim = slow_sim(60);
     let keys = "  - { name: flood, key: k-flood, max_concurrent: 2 }\n  - { name: other, key: k-other }";
@@ -141,7 +141,7 @@ async fn a_capped_key_never_holds_more_and_the_free_slots_go_to_others() {
     assert!(other_peak >= 4, "the 4 slots the capped key could not take went to the other key (peak {other_peak})");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_flood_of_200_does_not_hold_up_another_key() {
     let turn = Duration::from_millis(200);
     let sim = slow_sim(turn.as_millis() as u64);
@@ -160,7 +160,7 @@ async fn a_flood_of_200_does_not_hold_up_another_key() {
     f.abort();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn weights_share_a_saturated_upstream_three_to_one() {
     let sim = slow_sim(15);
     let keys = "  - { name: heavy, key: k-heavy, weight: 3 }\n  - { name: light, key: k-light }";
@@ -180,7 +180,7 @@ async fn weights_share_a_saturated_upstream_three_to_one() {
     assert!((2.7..=3.3).contains(&ratio), "served {heavy}:{light}, not within 10% of 3:1");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn interactive_goes_first_and_batch_keeps_its_share() {
     let sim = slow_sim(30);
     let keys = "  - { name: ide, key: k-ide }\n  - { name: ci, key: k-ci, priority: batch }";
@@ -203,7 +203,7 @@ async fn interactive_goes_first_and_batch_keeps_its_share() {
     assert!(first_ide <= 2, "the first interactive request waited behind batch: {order:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_full_lane_is_refused_with_retry_after_and_the_next_request_is_served() {
     let sim = slow_sim(300);
     let keys =
@@ -235,7 +235,7 @@ async fn a_full_lane_is_refused_with_retry_after_and_the_next_request_is_served(
     assert_eq!(bad.status(), 400);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_per_model_cap_applies_to_that_alias_only() {
     let sim = slow_sim(80);
     let sim_url = sim.openai_url();
@@ -273,6 +273,7 @@ async fn a_per_model_cap_applies_to_that_alias_only() {
     assert!(sim.state.max_in_flight_of("lane-small") >= 3, "other aliases of the key are not capped");
 }
 
+// Real time: Redis answers from another process.
 #[tokio::test]
 async fn a_key_cap_holds_across_two_replicas_sharing_redis() {
     let redis = Redis::start();

@@ -24,7 +24,7 @@ fn always(status: u16, body: &str) -> Behavior {
     Behavior { status: Some(status), error_body: body.into(), ..Default::default() }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn concurrency_429_without_retry_after_is_absorbed() {
     let sim = sim(&[("real-gpt", scripted(vec![Fault::new(429, C3009), Fault::new(429, C3009)]))]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
@@ -40,7 +40,7 @@ async fn concurrency_429_without_retry_after_is_absorbed() {
     assert!(got.iter().all(|r| r.body == got[0].body));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn each_answer_decides_its_own_wait() {
     let sim = sim(&[(
         "real-gpt",
@@ -59,7 +59,7 @@ async fn each_answer_decides_its_own_wait() {
     assert!(second >= Duration::from_secs(1), "Retry-After: 1 not honoured: {second:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn unmatched_400_is_one_hit_and_verbatim() {
     let no_plan = r#"{"error_code":"TM.00001005","error_msg":"无正常可用套餐"}"#;
     let rules = "    retry:\n      - { on_status: [400, 429], on_body_contains: [\"TM.00001041\"], delay: 10ms, max_attempts: 18 }";
@@ -72,7 +72,7 @@ async fn unmatched_400_is_one_hit_and_verbatim() {
     assert_eq!(sim.state.received().len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn operator_rule_retries_a_vendor_400_and_fatal_rule_stops() {
     let busy = r#"{"error_code":"TM.00001041","error_msg":"并发会话数已达上限(3个)"}"#;
     let no_plan = r#"{"error_code":"TM.00001005","error_msg":"无正常可用套餐"}"#;
@@ -97,7 +97,7 @@ async fn operator_rule_retries_a_vendor_400_and_fatal_rule_stops() {
     assert_eq!(resp.text().await.unwrap(), no_plan);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn insufficient_quota_is_not_retried() {
     let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
     let sim = sim(&[("real-gpt", always(429, quota))]);
@@ -108,7 +108,7 @@ async fn insufficient_quota_is_not_retried() {
     assert_eq!(sim.state.received().len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn session_limit_ends_within_the_deadline_with_an_honest_answer() {
     let sim = sim(&[("claude", always(429, SESSION))]);
     let top = "defaults:\n  deadline: 60s\n  retry: { base_delay: 100ms, max_delay: 400ms, max_attempts: 50 }";
@@ -133,7 +133,7 @@ async fn session_limit_ends_within_the_deadline_with_an_honest_answer() {
     assert_eq!(sim.state.received().len() as u32, attempts);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn hint_longer_than_the_deadline_answers_at_once() {
     // Every answer says "come back in 60 s"; the deadline is 5 s.
     let sim = sim(&[(
@@ -155,7 +155,7 @@ async fn hint_longer_than_the_deadline_answers_at_once() {
     assert!(v["error"]["message"].as_str().unwrap().contains("60s"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn no_attempt_after_the_client_is_gone() {
     let sim = sim(&[("real-gpt", always(503, r#"{"error":{"message":"overloaded"}}"#))]);
     let top = "defaults:\n  retry: { base_delay: 600ms, max_delay: 600ms }";
@@ -173,7 +173,7 @@ async fn no_attempt_after_the_client_is_gone() {
     assert_eq!(sim.state.received().len(), 1, "an attempt was made for a client that had gone");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_chained_tidegate_makes_one_attempt_and_relays_verbatim() {
     let sim = sim(&[("real-gpt", always(429, C3009))]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
@@ -186,7 +186,7 @@ async fn a_chained_tidegate_makes_one_attempt_and_relays_verbatim() {
     assert_eq!(sim.state.received()[0].headers["x-tidegate-hop"], "1");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn retry_budget_paces_blind_retries_and_fails_only_when_time_runs_out() {
     let busy = r#"{"error":{"message":"The server is overloaded","type":"server_error"}}"#;
     let sim = sim(&[
@@ -220,7 +220,7 @@ async fn retry_budget_paces_blind_retries_and_fails_only_when_time_runs_out() {
     assert!(msg.contains("retry budget") && !msg.contains("provider asked"), "{msg}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn stream_request_is_retried_before_any_byte() {
     let sim = sim(&[(
         "claude",
@@ -238,7 +238,7 @@ async fn stream_request_is_retried_before_any_byte() {
     assert!(!text.contains("overloaded_error"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn malformed_deadline_header_is_a_clear_400() {
     let sim = sim(&[]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
@@ -249,7 +249,7 @@ async fn malformed_deadline_header_is_a_clear_400() {
     assert_serves(&gw).await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_providers_retry_after_holds_new_requests_until_then() {
     let limited = rate_limited_once("1");
     let sim = sim(&[("real-gpt", limited)]);

@@ -37,7 +37,7 @@ async fn stream(
     (status, headers, resp.text().await.unwrap())
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn error_frame_under_200_is_retried_and_never_shown() {
     let sim = sim(&[
         ("real-gpt", scripted(vec![Fault::error_frame(BUSY_FRAME)])),
@@ -54,7 +54,7 @@ async fn error_frame_under_200_is_retried_and_never_shown() {
     assert_eq!(text, String::from_utf8(sse_frames(Protocol::Anthropic, "claude", 5).concat()).unwrap());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn empty_stream_is_retried() {
     let sim = sim(&[("claude", scripted(vec![Fault::empty_stream(), Fault::empty_stream()]))]);
     let gw = gateway(&yaml(&sim, "", "", "")).await;
@@ -64,7 +64,7 @@ async fn empty_stream_is_retried() {
     assert_eq!(text, String::from_utf8(sse_frames(Protocol::Anthropic, "claude", 5).concat()).unwrap());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn error_frame_matched_by_an_operator_rule() {
     // Seed 001: the same "3 sessions" rejection as a 200 error frame.
     let rules = "    retry:\n      - { on_body_contains: [\"TM.00001041\"], delay: 20ms, max_attempts: 5 }";
@@ -76,7 +76,7 @@ async fn error_frame_matched_by_an_operator_rule() {
     assert!(text.ends_with("data: [DONE]\n\n"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn mid_stream_drop_ends_with_an_error_event_not_a_clean_end() {
     let sim =
         sim(&[("real-gpt", scripted(vec![Fault::drop_after(4)])), ("claude", scripted(vec![Fault::drop_after(5)]))]);
@@ -98,7 +98,7 @@ async fn mid_stream_drop_ends_with_an_error_event_not_a_clean_end() {
     assert!(!text.contains("message_stop"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn upstream_error_event_mid_stream_is_passed_on_and_ends_the_stream() {
     let oa_error = r#"{"error":{"message":"server overloaded mid-answer","type":"server_error"}}"#;
     let sim = sim(&[
@@ -127,7 +127,7 @@ async fn upstream_error_event_mid_stream_is_passed_on_and_ends_the_stream() {
     assert_eq!(sim.state.received().len(), 2, "no retry once content was sent");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn slow_first_event_gets_keepalive_comments_then_content() {
     let sim = sim(&[("claude", Behavior { first_chunk_delay_ms: 1200, ..Default::default() })]);
     let top = "defaults:\n  stream_keepalive_after: 300ms\n  stream_keepalive_every: 300ms";
@@ -147,7 +147,7 @@ async fn slow_first_event_gets_keepalive_comments_then_content() {
     assert_eq!(rest, content);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn failure_after_keepalive_arrives_as_an_in_stream_error() {
     let session = r#"{"type":"error","error":{"type":"rate_limit_error","message":"You've hit your session limit"}}"#;
     let sim = sim(&[("claude", Behavior { status: Some(429), error_body: session.into(), ..Default::default() })]);
@@ -169,7 +169,7 @@ async fn failure_after_keepalive_arrives_as_an_in_stream_error() {
     assert!(event.contains("session limit"), "{event}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn keepalive_off_answers_with_the_plain_status() {
     let sim = sim(&[("claude", Behavior { status: Some(529), error_body: OVERLOADED.into(), ..Default::default() })]);
     let top = "defaults:\n  stream_keepalive_after: \"off\"\n  deadline: 600ms\n  retry: { base_delay: 100ms, max_delay: 100ms }";
@@ -179,7 +179,7 @@ async fn keepalive_off_answers_with_the_plain_status() {
     assert!(headers.contains_key("retry-after"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn broken_text_stream_is_resumed_into_one_answer() {
     let sim = sim(&[
         ("claude", Behavior { chunks: 8, script: vec![Fault::drop_after(5)], ..Default::default() }),
@@ -203,7 +203,7 @@ async fn broken_text_stream_is_resumed_into_one_answer() {
     assert_eq!(text.matches("tok2 ").count(), 1, "no text repeated");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn resume_is_off_by_default_and_fails_honestly_when_the_continuation_fails() {
     let script = vec![Fault::drop_after(5), Fault::drop_after(2), Fault::drop_after(5)];
     let sim = sim(&[("claude", Behavior { chunks: 8, script, ..Default::default() })]);
