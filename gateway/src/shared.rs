@@ -2,7 +2,7 @@
 //!
 //! Several tidegates in front of one provider must hold one set of limits:
 //! three replicas each allowing 3 sessions to an upstream that allows 3
-//! recreate seed 001. With shared state, per upstream:
+//! send it 9, and 6 come back refused. With shared state, per upstream:
 //!
 //! - **Concurrency slots are leases** in a sorted set scored by expiry,
 //!   taken and given back by Lua scripts (atomic), renewed every third of

@@ -625,8 +625,8 @@ fn error_frame(protocol: Protocol, body: &str) -> String {
     }
 }
 
-/// The simulator's default answer to a request over `reject_over`: the
-/// seed 001 vendor's concurrency cap, no `Retry-After`.
+/// The simulator's default answer to a request over `reject_over`:
+/// a coding plan's concurrency cap (`429` code 3009), no `Retry-After`.
 static CONCURRENCY_3009: std::sync::LazyLock<Fault> = std::sync::LazyLock::new(|| {
     Fault::new(429, r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#)
 });

@@ -1,5 +1,5 @@
 // Compiled only under #[cfg(test)] (declared in mod.rs).
-//! Classification table: the real bodies from the seed incidents.
+//! Classification table: real providers' capacity and request bodies.
 
 use super::*;
 use crate::classify::Rule;
@@ -29,17 +29,17 @@ fn codearts_rules() -> Rules {
 }
 
 #[test]
-fn seed_bodies_without_rules() {
+fn real_capacity_bodies_are_classified_without_rules() {
     let none = Rules::default();
     type Case<'a> = (u16, &'a [(&'a str, &'a str)], &'a str, Class);
     let cases: &[Case<'_>] = &[
-        // seed 000: 429 3009, no Retry-After.
+        // A concurrency cap as 429 with a vendor code, no Retry-After.
         (429, &[], r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#, Class::Capacity),
-        // seed 001: TPM limit as 429.
+        // A TPM limit as 429.
         (429, &[], r#"{"error":{"message":"TPM limit exceeded: 500000 tokens per minute"}}"#, Class::Capacity),
-        // seed 001: concurrency cap as 400, no rule: a 400 is the request's fault.
+        // A concurrency cap as 400, no rule: a 400 is the request's fault.
         (400, &[], r#"{"error_code":"TM.00001041","error_msg":"并发会话数已达上限(3个)"}"#, Class::Request),
-        // seed 002: session limit as Anthropic 429 rate_limit_error.
+        // A session limit as Anthropic's 429 rate_limit_error.
         (
             429,
             &[],

@@ -1,5 +1,6 @@
 // Compiled only under #[cfg(test)] (declared in mod.rs).
-//! Decision tables, including every case seed 003 pins.
+//! Decision tables, including every case of an operator's rule: status,
+//! body substrings, delay, attempts, and a fatal rule.
 
 use std::time::Duration;
 
@@ -44,7 +45,7 @@ fn rule(status: &[u16], body: &[&str], delay: Option<u64>, attempts: Option<u32>
 }
 
 #[test]
-fn seed_003_rule_semantics() {
+fn operator_rules_match_by_status_and_body_and_bound_their_attempts() {
     let tm = r#"{"error_code":"TM.00001041","error_msg":"并发会话数已达上限(3个)"}"#;
     let cases: &[(&str, Rules, u16, &str, bool)] = &[
         ("nil policy never matches", Rules::default(), 400, tm, false),
@@ -270,7 +271,8 @@ fn concurrency_refusals_requeue_only_when_others_hold_slots() {
     let mut o = outcome(Class::Capacity);
     o.concurrency = true;
     let mut s = situation(&o, &p, 1);
-    // Alone (seed 000: 3009 for a single request): back off, do not hammer.
+    // Alone (a concurrency refusal to a single request): back off, do not
+    // hammer.
     assert!(matches!(decide(&s), Decision::Retry { source: WaitSource::Backoff, .. }));
     s.others_in_flight = true;
     assert_eq!(decide(&s), Decision::Requeue);
