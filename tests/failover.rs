@@ -170,3 +170,31 @@ async fn balance_spreads_in_proportion_to_free_capacity() {
     let (on_a, on_b) = (counts.get("sim-openai").copied().unwrap_or(0), counts.get("backup").copied().unwrap_or(0));
     assert!((26..=34).contains(&on_a) && (6..=14).contains(&on_b), "{counts:?}");
 }
+
+/// A request refused before any attempt — every target's provider asked
+/// for a wait beyond its deadline — is answered about the target it would
+/// have waited on (the one free soonest), not about the first in the list.
+#[tokio::test(start_paused = true)]
+async fn a_hold_beyond_the_deadline_names_the_target_it_waits_on() {
+    let body = r#"{"error":{"message":"Rate limit reached","type":"requests"}}"#;
+    let held =
+        |secs: &str| Behavior { script: vec![Fault::new(429, body).header("retry-after", secs)], ..Default::default() };
+    let sim = sim(&[("first", held("300")), ("second", held("100"))]);
+    let yaml = format!(
+        "listen: 127.0.0.1:0\njournal: \"off\"\nupstreams:\n  - {{ name: u0, protocol: openai, base_url: \"{url}\" }}\n  - {{ name: u1, protocol: openai, base_url: \"{url}\" }}\nmodels:\n  m:\n    deadline: 10s\n    targets: [{{ upstream: u0, model: first }}, {{ upstream: u1, model: second }}]\n",
+        url = sim.openai_url()
+    );
+    let gw = gateway(&yaml).await;
+    let ask = || client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"m","messages":[]}"#).send();
+    // Both providers refuse once, each asking for a wait past the deadline.
+    let first = ask().await.unwrap();
+    assert_eq!(first.headers()["x-tidegate-attempts"], "2");
+    assert_eq!(first.headers()["x-tidegate-upstream"], "u1");
+    // Now no attempt is made at all: the answer says whose wait it is.
+    let second = ask().await.unwrap();
+    assert_eq!(second.headers()["x-tidegate-attempts"], "0");
+    assert_eq!(second.headers()["x-tidegate-upstream"], "u1", "the soonest-free target, not the first listed");
+    let message = second.text().await.unwrap();
+    assert!(message.contains("u1") && !message.contains("u0"), "{message}");
+    assert_eq!(sim.state.received().len(), 2, "no attempt on the second request");
+}

@@ -62,20 +62,20 @@ pub async fn root() -> &'static str {
 
 /// Any other path: a protocol-shaped 404 instead of an empty body.
 pub async fn fallback(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let protocol = protocol_of(req.headers());
     let error = GatewayError::NoRoute(format!("{} {}", req.method(), req.uri().path()));
-    let (parts, body) = req.into_parts();
-    body::discard(body, &parts.headers, gw.config.body_timeout).await;
-    gw.sink.refused(error.reason());
-    let mut response = error.into_response(protocol);
-    headers::label(response.headers_mut(), crate::request_id::next(), None, 0);
-    response
+    refuse(&gw, error, req).await
 }
 
 /// A known path with the wrong method: a protocol-shaped 405.
 pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let protocol = protocol_of(req.headers());
     let error = GatewayError::WrongMethod(format!("{} {}", req.method(), req.uri().path()));
+    refuse(&gw, error, req).await
+}
+
+/// A refusal outside the model endpoints: the body read and dropped
+/// first, counted (not journaled), labelled with a fresh request id.
+async fn refuse(gw: &Gateway, error: GatewayError, req: Request) -> Response {
+    let protocol = protocol_of(req.headers());
     let (parts, body) = req.into_parts();
     body::discard(body, &parts.headers, gw.config.body_timeout).await;
     gw.sink.refused(error.reason());
