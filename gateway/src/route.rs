@@ -25,96 +25,102 @@ use crate::report::Report;
 
 /// Routes an admitted request (`body`, the client's `headers`) asked on
 /// `endpoint`; fills in the record's model, stream and trace.
-pub async fn route(
-    gw: &Arc<Gateway>,
+#[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+pub fn route<'a>(
+    gw: &'a Arc<Gateway>,
     endpoint: Endpoint,
     headers: HeaderMap,
     body: Bytes,
-    record: &mut Report,
-) -> Result<Job, GatewayError> {
-    let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
-    record.stream = head.stream;
-    let found = gw.config.find_route(&head.model);
-    // A configured alias is recorded as the config's shared string; a name
-    // a pattern matched, as asked.
-    record.model =
-        Some(match found.and_then(|(i, _)| gw.aliases.get(i.index())).filter(|a| a.as_ref() == head.model.as_str()) {
-            Some(alias) => alias.clone(),
-            None => Arc::from(head.model.as_str()),
-        });
-    let family = endpoint.protocol().family();
-    let (route, model) = match found {
-        Some((index, model)) if model.protocol == family => (index, model),
-        Some((_, model)) => {
+    record: &'a mut Report,
+) -> impl Future<Output = Result<Job, GatewayError>> + Send + 'a {
+    // Not an `async fn`: it would keep the headers and the body twice in
+    // the request's future.
+    async move {
+        let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
+        record.stream = head.stream;
+        let found = gw.config.find_route(&head.model);
+        // A configured alias is recorded as the config's shared string; a name
+        // a pattern matched, as asked.
+        record.model = Some(
+            match found.and_then(|(i, _)| gw.aliases.get(i.index())).filter(|a| a.as_ref() == head.model.as_str()) {
+                Some(alias) => alias.clone(),
+                None => Arc::from(head.model.as_str()),
+            },
+        );
+        let family = endpoint.protocol().family();
+        let (route, model) = match found {
+            Some((index, model)) if model.protocol == family => (index, model),
+            Some((_, model)) => {
+                return Err(GatewayError::UnknownModel(format!(
+                    "model {:?} is served by {} upstreams, not on {endpoint} ({}: {})",
+                    head.model,
+                    model.protocol,
+                    model.protocol,
+                    endpoints_of(model.protocol)
+                )));
+            }
+            None => {
+                let known: Vec<&str> = gw.config.aliases(family).collect();
+                return Err(GatewayError::UnknownModel(format!(
+                    "model {:?} is not configured on this gateway; available: {}",
+                    head.model,
+                    if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
+                )));
+            }
+        };
+        let serving = |t: &Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
+        if !model.targets.iter().any(serving) {
+            let kinds: Vec<&str> =
+                model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
             return Err(GatewayError::UnknownModel(format!(
-                "model {:?} is served by {} upstreams, not on {endpoint} ({}: {})",
+                "model {:?} has no target that serves {endpoint} (its upstreams are {}; bedrock and vertex serve \
+                 /v1/messages only)",
                 head.model,
-                model.protocol,
-                model.protocol,
-                endpoints_of(model.protocol)
+                kinds.join(", ")
             )));
         }
-        None => {
-            let known: Vec<&str> = gw.config.aliases(family).collect();
-            return Err(GatewayError::UnknownModel(format!(
-                "model {:?} is not configured on this gateway; available: {}",
-                head.model,
-                if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
-            )));
-        }
-    };
-    let serving = |t: &Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
-    if !model.targets.iter().any(serving) {
-        let kinds: Vec<&str> =
-            model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
-        return Err(GatewayError::UnknownModel(format!(
-            "model {:?} has no target that serves {endpoint} (its upstreams are {}; bedrock and vertex serve \
-             /v1/messages only)",
-            head.model,
-            kinds.join(", ")
-        )));
+        let deadline = deadline(model.deadline, &headers, record.started)?;
+        let pin = match &head.previous_response_id {
+            Some(id) => pinned(gw, id, model).await?,
+            None => None,
+        };
+        let asked = match headers.get(headers::PRIORITY) {
+            None => None,
+            Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
+                GatewayError::BadRequest(format!(
+                    "{}: {:?} is not a priority (interactive or batch)",
+                    headers::PRIORITY,
+                    String::from_utf8_lossy(v.as_bytes())
+                ))
+            })?),
+        };
+        let lane = record.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
+        let trace = gw
+            .sink
+            .tracer
+            .as_ref()
+            .map(|_| Arc::new(crate::otel::TraceCtx::start(&headers, endpoint.operation(), family.as_str())));
+        record.trace = trace.clone();
+        let who = match &lane {
+            Some(lane) => lane.who(asked, record.started),
+            None => gw.lanes.anonymous(asked.unwrap_or_default()),
+        };
+        Ok(Job {
+            gw: gw.clone(),
+            endpoint,
+            route,
+            chained: headers.contains_key(headers::HOP),
+            head,
+            body,
+            client_headers: unpinned(headers),
+            deadline,
+            progress: Arc::default(),
+            who,
+            lane,
+            trace,
+            pin,
+        })
     }
-    let deadline = deadline(model.deadline, &headers, record.started)?;
-    let pin = match &head.previous_response_id {
-        Some(id) => pinned(gw, id, model).await?,
-        None => None,
-    };
-    let asked = match headers.get(headers::PRIORITY) {
-        None => None,
-        Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
-            GatewayError::BadRequest(format!(
-                "{}: {:?} is not a priority (interactive or batch)",
-                headers::PRIORITY,
-                String::from_utf8_lossy(v.as_bytes())
-            ))
-        })?),
-    };
-    let lane = record.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
-    let trace = gw
-        .sink
-        .tracer
-        .as_ref()
-        .map(|_| Arc::new(crate::otel::TraceCtx::start(&headers, endpoint.operation(), family.as_str())));
-    record.trace = trace.clone();
-    let who = match &lane {
-        Some(lane) => lane.who(asked, record.started),
-        None => gw.lanes.anonymous(asked.unwrap_or_default()),
-    };
-    Ok(Job {
-        gw: gw.clone(),
-        endpoint,
-        route,
-        chained: headers.contains_key(headers::HOP),
-        head,
-        body,
-        client_headers: unpinned(headers),
-        deadline,
-        progress: Arc::default(),
-        who,
-        lane,
-        trace,
-        pin,
-    })
 }
 
 /// The client's headers with their values copied out of hyper's read

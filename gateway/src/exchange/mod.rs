@@ -61,10 +61,10 @@ pub struct Exchange {
     /// What happened so far; written out once, at the end.
     report: Report,
     sink: Arc<Sink>,
-    /// The routed request while the owner holds it: `None` before the
-    /// first run has ended, and once nothing can need it again (an answer
-    /// that cannot ask for a continuation).
-    job: Option<Job>,
+    /// The routed request, kept only for an answer that may still ask for
+    /// a continuation (boxed: that is rare, and every request's exchange
+    /// lives in its futures and body).
+    job: Option<Box<Job>>,
     /// The place in the key's lane, held to the last byte.
     pass: Option<Pass>,
     /// The slot of the answer being relayed, held to its last byte.
@@ -105,7 +105,12 @@ impl Exchange {
     /// Takes what a run of the loop did into the record; returns its
     /// answer.
     pub fn absorb(&mut self, (job, relayed): (Job, Relayed)) -> Answer {
-        self.job = Some(job);
+        if let Answer::Stream(_, body) = &relayed.answer
+            && body.is_sse()
+            && job.gw.config.route(job.route).is_some_and(|(_, route)| route.stream_resume)
+        {
+            self.job = Some(Box::new(job));
+        }
         self.report.upstream = relayed.upstream;
         self.report.attempts.extend(relayed.attempts);
         self.report.queue_wait += relayed.queue_wait;
@@ -173,16 +178,13 @@ impl Exchange {
         response
     }
 
-    /// Keeps the request for a stream that may ask for continuations;
-    /// lets it go otherwise (a request's body can be large, and an answer
-    /// can stream for minutes).
+    /// Lets a stream ask for continuations when its route allows them
+    /// (the request was kept by [`Exchange::absorb`] for that); lets the
+    /// request go otherwise (its body can be large, and an answer can
+    /// stream for minutes).
     fn keep_for(&mut self, body: &mut RelayBody) {
-        let resumable = self.job.as_ref().and_then(|job| {
-            let (_, route) = job.gw.config.route(job.route)?;
-            route.stream_resume.then_some(job.deadline)
-        });
-        if let Some(deadline) = resumable {
-            body.allow_resumes(MAX_RESUMES, deadline);
+        if let Some(job) = &self.job {
+            body.allow_resumes(MAX_RESUMES, job.deadline);
         }
         if !body.may_resume() {
             self.job = None;
@@ -198,7 +200,7 @@ impl Exchange {
         let protocol = job.endpoint.protocol();
         let body = protocol.continuation_body(&job.body, text, &job.head.model)?;
         let head = protocol::peek(&body).ok()?;
-        let mut next = job.clone();
+        let mut next = Job::clone(job);
         next.body = body;
         next.head = head;
         // Still the same request: its lane pass is held by this exchange.

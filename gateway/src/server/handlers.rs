@@ -87,17 +87,18 @@ async fn refuse(gw: &Gateway, error: GatewayError, req: Request) -> Response {
 /// A model endpoint's request, from arrival to the answer's head:
 /// admission, routing, then the attempt loop, all owned by one
 /// [`Exchange`].
-#[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
 pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl Future<Output = Response> + Send {
     // Not an `async fn`: it would keep the request twice in this future,
-    // which lives as long as the request (see `relay::relay`).
+    // which lives as long as the request (see `relay::relay`); and the
+    // request is taken apart before it, so the future holds its parts
+    // only (a captured value keeps its room to the end).
+    let (parts, body) = req.into_parts();
     async move {
         let protocol = endpoint.protocol();
         // One clock read for the request's arrival: its report, deadline,
         // lane and volume count all start from it.
         let arrived = Instant::now();
         let mut exchange = Exchange::arrive(crate::request_id::next(), arrived, gw.sink.clone());
-        let (parts, body) = req.into_parts();
         if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
             // Shutting down: an honest 503 at once.
             body::discard(body, &parts.headers, gw.config.body_timeout).await;
@@ -110,33 +111,37 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
             }
             Err(error) => return exchange.reject(error, protocol),
         };
-        let mut job = match route::route(&gw, endpoint, parts.headers, body, exchange.record()).await {
-            Ok(job) => job,
-            Err(error) => return exchange.reject(error, protocol),
+        // The job is moved into the loop: scoped, so its room in this
+        // future ends there.
+        let (mut running, keepalive) = {
+            let mut job = match route::route(&gw, endpoint, parts.headers, body, exchange.record()).await {
+                Ok(job) => job,
+                Err(error) => return exchange.reject(error, protocol),
+            };
+            if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {
+                exchange.record().anomaly = true;
+                let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
+                if let (true, Some(lane)) = (penalised, &job.lane) {
+                    // This request already goes at the penalty's priority.
+                    job.who = lane.who(Some(job.who.priority), Instant::now());
+                }
+                if first {
+                    gw.sink.metrics.anomaly(&job.who.name);
+                    tracing::warn!(
+                        client = %job.who.name,
+                        count,
+                        baseline,
+                        penalised,
+                        "request volume far above this client's baseline"
+                    );
+                }
+            }
+            let after = if job.head.stream { gw.config.stream_keepalive_after } else { None };
+            let keepalive = after.map(|after| (after, job.progress.clone()));
+            (exchange.start(job), keepalive)
         };
-        if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {
-            exchange.record().anomaly = true;
-            let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
-            if let (true, Some(lane)) = (penalised, &job.lane) {
-                // This request already goes at the penalty's priority.
-                job.who = lane.who(Some(job.who.priority), Instant::now());
-            }
-            if first {
-                gw.sink.metrics.anomaly(&job.who.name);
-                tracing::warn!(
-                    client = %job.who.name,
-                    count,
-                    baseline,
-                    penalised,
-                    "request volume far above this client's baseline"
-                );
-            }
-        }
-        let keepalive = if job.head.stream { gw.config.stream_keepalive_after } else { None };
-        let progress = keepalive.map(|_| job.progress.clone());
-        let mut running = exchange.start(job);
-        let ran = match (keepalive, progress) {
-            (Some(after), Some(progress)) => {
+        let ran = match keepalive {
+            Some((after, progress)) => {
                 tokio::select! {
                     ran = &mut running => ran,
                     () = tokio::time::sleep(after) => {
@@ -144,7 +149,7 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
                     }
                 }
             }
-            _ => running.await,
+            None => running.await,
         };
         let answer = exchange.absorb(ran);
         exchange.respond(answer, protocol)

@@ -250,6 +250,12 @@ impl RelayBody {
         self.resume_until = until;
     }
 
+    /// Whether this answer is an SSE stream (only a stream can be
+    /// continued).
+    pub fn is_sse(&self) -> bool {
+        self.sse.is_some()
+    }
+
     /// Whether this answer could ever ask for a continuation (an SSE
     /// stream that is allowed to).
     pub fn may_resume(&self) -> bool {
