@@ -84,13 +84,6 @@ impl<I: Into<usize> + Copy, T> Table<I, T> {
     }
 }
 
-impl<T> Table<UpstreamId, T> {
-    /// All of them with their ids, in order.
-    pub fn enumerate(&self) -> impl Iterator<Item = (UpstreamId, &T)> {
-        self.items.iter().enumerate().map(|(i, t)| (UpstreamId::at(i), t))
-    }
-}
-
 impl<I, T> From<Vec<T>> for Table<I, T> {
     fn from(items: Vec<T>) -> Self {
         Self { items, id: std::marker::PhantomData }

@@ -85,11 +85,6 @@ impl Exchange {
         self.report.id
     }
 
-    /// When it arrived.
-    pub fn arrived(&self) -> Instant {
-        self.report.started
-    }
-
     /// The record, for admission and routing to fill in who asked for what.
     pub fn record(&mut self) -> &mut Report {
         &mut self.report
