@@ -7,10 +7,12 @@ use super::*;
 /// The writer thread's loop: opens the file (again later if it cannot),
 /// gathers rows, commits them in batches, prunes by retention, and
 /// counts what it wrote or dropped (a flush waits for that count).
+#[expect(clippy::too_many_arguments, reason = "the writer thread's whole world, handed over once")]
 pub(super) fn run(
     path: &Path,
     generations: &Generations,
     retention: &Retention,
+    flush_after: Duration,
     rx: &Receiver<Record>,
     dropped: &AtomicU64,
     done: &AtomicU64,
@@ -45,7 +47,7 @@ pub(super) fn run(
                     }
                 }
             }
-            if batch.len() >= GATHER || waited >= FLUSH_AFTER || !connected || hurry.load(Ordering::Acquire) > 0 {
+            if batch.len() >= GATHER || waited >= flush_after || !connected || hurry.load(Ordering::Acquire) > 0 {
                 break;
             }
             std::thread::park_timeout(FLUSH_EVERY);
