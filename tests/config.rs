@@ -53,7 +53,7 @@ models:
     let p = problems(text);
     let want = [
         "client_keys: none configured while listen 0.0.0.0:80",
-        "upstreams[1].protocol: \"grpc\" is not one of openai, anthropic",
+        "upstreams[1].protocol: \"grpc\" is not one of openai, openai-chat, anthropic",
         "upstreams[1].base_url: \"not a url\" is not a URL",
         "upstreams[1].connect_timeout: \"soon\" is not a duration",
         "upstreams[2].name: \"a\" is used twice",
@@ -83,9 +83,14 @@ fn missing_environment_variable_is_named() {
 }
 
 #[test]
-fn targets_of_one_alias_must_share_a_protocol() {
-    let p = problems(&VALID.replace("targets: [{ upstream: b }]", "targets: [{ upstream: b }, { upstream: a }]"));
-    assert!(p.iter().any(|l| l.starts_with("models.c.targets[1]: upstream \"a\" speaks openai")), "{p:?}");
+fn targets_of_one_alias_may_speak_different_protocols() {
+    let mixed = VALID.replace("targets: [{ upstream: b }]", "targets: [{ upstream: b }, { upstream: a, translate: false }]");
+    assert_eq!(problems(&mixed), Vec::<String>::new());
+    let config = Config::parse(&mixed, &|k| (k == "SET").then(|| "v".to_owned())).unwrap();
+    let (_, route) = config.find_route("c").unwrap();
+    assert_eq!(route.targets.iter().map(|t| t.translate).collect::<Vec<_>>(), [true, false]);
+    let wrong = VALID.replace("targets: [{ upstream: b }]", "targets: [{ upstream: b, translate: maybe }]");
+    assert!(problems(&wrong).iter().any(|l| l.contains("translate")), "{:?}", problems(&wrong));
 }
 
 #[test]

@@ -72,16 +72,20 @@ async fn model_patterns_serve_any_name_with_exact_and_longer_prefixes_first() {
     // An exact alias wins over every pattern.
     assert_eq!(post(&gw, "/v1/messages", &messages("claude")).await.0, 200);
     assert_eq!(model_sent(&sim, 2), "claude");
-    // "*" catches the rest, on its own protocol's endpoints.
+    // "*" catches the rest, on every endpoint: an Anthropic client
+    // reaches the OpenAI upstream translated to chat completions.
     assert_eq!(post(&gw, "/v1/chat/completions", &messages("gpt-5.1-codex")).await.0, 200);
     assert_eq!(model_sent(&sim, 3), "gpt-5.1-codex");
     let (status, v) = post(&gw, "/v1/messages", &messages("gpt-5.1-codex")).await;
-    assert_eq!(status, 404, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("openai"), "{v}");
-    // /v1/models lists exact aliases only.
+    assert_eq!(status, 200, "{v}");
+    assert_eq!((v["type"].as_str(), v["content"][0]["type"].as_str()), (Some("message"), Some("text")), "{v}");
+    let sent = &sim.state.received()[4];
+    assert_eq!(sent.path, "/v1/chat/completions");
+    assert_eq!(model_sent(&sim, 4), "gpt-5.1-codex");
+    // /v1/models lists exact aliases only (of every protocol).
     let list: Value = client().get(url(&gw, "/v1/models")).send().await.unwrap().json().await.unwrap();
     let ids: Vec<&str> = list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["gpt"]);
+    assert_eq!(ids, ["gpt", "claude"]);
 }
 
 #[test]

@@ -175,7 +175,9 @@ async fn models_and_health_endpoints() {
     let v: serde_json::Value = client().get(url(&gw, "/v1/models")).send().await.unwrap().json().await.unwrap();
     assert_eq!(v["object"], "list");
     let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["gpt", "gpt-mini"]);
+    // Every alias, whatever its targets speak: each is served on every
+    // endpoint (translated where needed).
+    assert_eq!(ids, ["gpt", "claude", "gpt-mini"]);
     let v: serde_json::Value = client()
         .get(url(&gw, "/v1/models"))
         .header("anthropic-version", "2023-06-01")
@@ -185,8 +187,8 @@ async fn models_and_health_endpoints() {
         .json()
         .await
         .unwrap();
-    assert_eq!(v["data"][0]["id"], "claude");
-    assert_eq!(v["data"][0]["type"], "model");
+    assert_eq!(v["data"][1]["id"], "claude");
+    assert_eq!(v["data"][1]["type"], "model");
     let resp = client().get(url(&gw, "/healthz")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.text().await.unwrap(), "ok\n");

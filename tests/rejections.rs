@@ -69,13 +69,17 @@ async fn unknown_model_is_404_listing_aliases_then_serves() {
     let (kind, msg) = openai_error(&v);
     assert_eq!(kind, "invalid_request_error");
     assert_eq!(v["error"]["code"], "model_not_found");
-    assert!(msg.contains("gpt-7") && msg.contains("gpt, gpt-mini"), "{msg}");
-    // An alias of the other protocol names the endpoint that serves it.
+    assert!(msg.contains("gpt-7") && msg.contains("gpt, claude, gpt-mini"), "{msg}");
+    // An alias of the other protocol is reached translated; a body that
+    // cannot be translated is refused at the boundary, the field named,
+    // in the client's shape, and never sent.
+    let before = sim.state.received().len();
     let (status, v) = post(&gw, "/v1/messages", r#"{"model":"gpt"}"#).await;
-    assert_eq!(status, 404);
+    assert_eq!(status, 400, "{v}");
     let (kind, msg) = anthropic_error(&v);
-    assert_eq!(kind, "not_found_error");
-    assert!(msg.contains("/v1/chat/completions"), "{msg}");
+    assert_eq!(kind, "invalid_request_error");
+    assert!(msg.contains("messages: must be an array") && msg.contains("sim-openai"), "{msg}");
+    assert_eq!(sim.state.received().len(), before);
     assert_serves(&gw).await;
 }
 

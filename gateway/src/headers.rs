@@ -18,6 +18,12 @@ pub const ATTEMPTS: HeaderName = HeaderName::from_static("x-tidegate-attempts");
 pub const DEADLINE: HeaderName = HeaderName::from_static("x-tidegate-deadline");
 /// From a client: `interactive` or `batch`.
 pub const PRIORITY: HeaderName = HeaderName::from_static("x-tidegate-priority");
+/// On a translated answer: the client's protocol and the target's
+/// (`anthropic>openai-chat`).
+pub const TRANSLATED: HeaderName = HeaderName::from_static("x-tidegate-translated");
+/// On a translated answer: what the request lost on the way (declared,
+/// never silent), e.g. `thinking signature x2, tool web_search`.
+pub const DROPPED: HeaderName = HeaderName::from_static("x-tidegate-dropped");
 /// On requests to an upstream: this already passed through a tidegate
 /// (the next one makes a single attempt; the first one retries).
 pub const HOP: HeaderName = HeaderName::from_static("x-tidegate-hop");

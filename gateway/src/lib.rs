@@ -14,6 +14,9 @@
 //!                      wait in its lane when it is at them
 //!        ──► relay     the attempt loop: pick target → acquire → send →
 //!                      classify → feed back → decide (gateway: shared state)
+//!        ──► translate only for a target of another protocol: the body
+//!                      through `protocol::turn` (read client, write
+//!                      target), and the answer, stream or error back
 //!        ──► health    cooldowns and circuit breakers (which target)
 //!        ──► limits    per-upstream queue (priority, then weighted fair
 //!                      between keys), concurrency slots, rate buckets
@@ -69,4 +72,5 @@ pub mod route;
 pub mod server;
 pub mod shared;
 pub mod stream;
+pub mod translate;
 pub mod upstream;

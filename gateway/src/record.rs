@@ -133,12 +133,23 @@ pub struct AttemptLog {
     pub verdict: Verdict,
     /// Wait before the next attempt.
     pub wait: Option<Duration>,
+    /// The protocol it was sent in, when translated (`None`: the
+    /// client's own).
+    pub protocol: Option<crate::protocol::Protocol>,
 }
 
 impl AttemptLog {
     /// A successful attempt on `upstream`.
     pub fn ok(upstream: UpstreamId) -> Self {
-        Self { upstream, status: Some(200), class: None, summary: String::new(), verdict: Verdict::Ok, wait: None }
+        Self {
+            upstream,
+            status: Some(200),
+            class: None,
+            summary: String::new(),
+            verdict: Verdict::Ok,
+            wait: None,
+            protocol: None,
+        }
     }
 
     /// What a request with status 200 and this as its only attempt does

@@ -57,6 +57,10 @@ pub struct Report {
     pub completion_from: Option<&'static str>,
     /// The client's volume was flagged as far above its baseline.
     pub anomaly: bool,
+    /// The client's protocol (`None` before the endpoint is known).
+    pub protocol: Option<crate::protocol::Protocol>,
+    /// What translation left out of the request, declared.
+    pub dropped: Option<String>,
     /// Counted in the metrics only: neither journaled nor logged (a
     /// refusal before routing beyond the per-second sample, see
     /// [`crate::flood`]).
@@ -136,6 +140,8 @@ impl Report {
             partial: None,
             completion_from: None,
             anomaly: false,
+            protocol: None,
+            dropped: None,
             counted_only: false,
             trace: None,
         }
@@ -172,8 +178,13 @@ impl Report {
         let partial = if sink.keep_partial { self.partial.take() } else { None };
         let error = self.error.take();
         let completion_from = self.completion_from;
-        let detail = (error.is_some() || partial.is_some() || !attempts.is_empty() || completion_from.is_some())
-            .then(|| Box::new(Detail { error, partial, attempts, completion_from }));
+        let dropped = self.dropped.take();
+        let detail = (error.is_some()
+            || partial.is_some()
+            || !attempts.is_empty()
+            || completion_from.is_some()
+            || dropped.is_some())
+        .then(|| Box::new(Detail { error, partial, attempts, completion_from, dropped }));
         Record {
             id: self.id,
             client: self.client.take(),
@@ -190,6 +201,7 @@ impl Report {
             class: self.class,
             stream: self.stream,
             anomaly: self.anomaly,
+            protocol: self.protocol,
             generation: sink.generation,
             detail,
         }

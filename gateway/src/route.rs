@@ -19,7 +19,7 @@ use crate::gateway::Gateway;
 use crate::headers;
 use crate::ids::UpstreamId;
 use crate::limits::Priority;
-use crate::protocol::{self, Endpoint, Family};
+use crate::protocol::{self, Endpoint};
 use crate::relay::Job;
 use crate::report::Report;
 
@@ -38,6 +38,7 @@ pub fn route<'a>(
     async move {
         let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
         record.stream = head.stream;
+        record.protocol = Some(endpoint.protocol());
         let found = gw.config.find_route(&head.model);
         // A configured alias is recorded as the config's shared string; a name
         // a pattern matched, as asked.
@@ -48,33 +49,25 @@ pub fn route<'a>(
             },
         );
         let family = endpoint.protocol().family();
-        let (route, model) = match found {
-            Some((index, model)) if model.protocol == family => (index, model),
-            Some((_, model)) => {
-                return Err(GatewayError::UnknownModel(format!(
-                    "model {:?} is served by {} upstreams, not on {endpoint} ({}: {})",
-                    head.model,
-                    model.protocol,
-                    model.protocol,
-                    endpoints_of(model.protocol)
-                )));
-            }
-            None => {
-                let known: Vec<&str> = gw.config.aliases(family).collect();
-                return Err(GatewayError::UnknownModel(format!(
-                    "model {:?} is not configured on this gateway; available: {}",
-                    head.model,
-                    if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
-                )));
-            }
+        let Some((route, model)) = found else {
+            let known: Vec<&str> = gw.config.aliases().collect();
+            return Err(GatewayError::UnknownModel(format!(
+                "model {:?} is not configured on this gateway; available: {}",
+                head.model,
+                if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
+            )));
         };
-        let serving = |t: &Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
+        let serving = |t: &Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.way(endpoint, t.translate).is_some());
         if !model.targets.iter().any(serving) {
             let kinds: Vec<&str> =
                 model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
+            let why = if endpoint.translatable() {
+                "each says translate: false, and none speaks this protocol"
+            } else {
+                "this endpoint is served only by upstreams of its own protocol (it is not translated)"
+            };
             return Err(GatewayError::UnknownModel(format!(
-                "model {:?} has no target that serves {endpoint} (its upstreams are {}; bedrock and vertex serve \
-                 /v1/messages only)",
+                "model {:?} has no target that serves {endpoint} (its upstreams are {}: {why})",
                 head.model,
                 kinds.join(", ")
             )));
@@ -163,12 +156,6 @@ async fn pinned(gw: &Gateway, id: &str, route: &ModelRoute) -> Result<Option<Ups
         "previous_response_id {id:?} is stored at upstream {name}, which this model does not route to; \
          ask the model that produced it"
     )))
-}
-
-/// The endpoints an upstream family serves, for messages.
-fn endpoints_of(family: Family) -> String {
-    let paths: Vec<&str> = Endpoint::ALL.iter().filter(|e| e.protocol().family() == family).map(|e| e.path()).collect();
-    paths.join(", ")
 }
 
 /// The request's deadline: the alias's, shortened (never lengthened) by a

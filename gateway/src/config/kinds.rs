@@ -117,29 +117,35 @@ pub(super) fn kind(
     let written = u.kind.as_deref().or(u.protocol.as_deref());
     let implied = match written {
         Some("openai") | Some("azure") => Some(Family::OpenAi),
+        Some("openai-chat") if u.kind.is_none() => Some(Family::OpenAiChat),
         Some("anthropic") | Some("bedrock") | Some("vertex") => Some(Family::Anthropic),
         Some(other) => {
             let field = if u.kind.is_some() { "kind" } else { "protocol" };
             let choices =
-                if u.kind.is_some() { "anthropic, bedrock, vertex, openai, azure" } else { "openai, anthropic" };
+                if u.kind.is_some() { "anthropic, bedrock, vertex, openai, azure" } else { "openai, openai-chat, anthropic" };
             problems.push(format!("{}: {other:?} is not one of {choices}", at(field)));
             None
         }
         None => {
-            problems.push(format!("{}: missing (openai or anthropic; or set kind)", at("protocol")));
+            problems.push(format!("{}: missing (openai, openai-chat or anthropic; or set kind)", at("protocol")));
             None
         }
     };
     let protocol = match (u.protocol.as_deref(), implied) {
+        (Some("openai-chat"), Some(Family::OpenAi | Family::OpenAiChat))
+            if u.kind.as_deref().is_none_or(|k| k == "openai") =>
+        {
+            Some(Family::OpenAiChat)
+        }
         (Some(p), Some(family)) if p != family.as_str() => {
-            if matches!(p, "openai" | "anthropic") {
+            if matches!(p, "openai" | "openai-chat" | "anthropic") {
                 problems.push(format!(
                     "{}: kind {} speaks {family}, not {p}",
                     at("protocol"),
                     u.kind.as_deref().unwrap_or_default()
                 ));
             } else {
-                problems.push(format!("{}: {p:?} is not one of openai, anthropic", at("protocol")));
+                problems.push(format!("{}: {p:?} is not one of openai, openai-chat, anthropic", at("protocol")));
             }
             None
         }

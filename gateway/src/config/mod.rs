@@ -165,8 +165,6 @@ pub struct UpstreamConfig {
 /// What a model alias routes to.
 #[derive(Debug)]
 pub struct ModelRoute {
-    /// Protocol of every target (validated to be the same).
-    pub protocol: Family,
     /// Equivalent targets in failover order (never empty).
     pub targets: Vec<Target>,
     /// Time budget per request for this alias.
@@ -195,6 +193,8 @@ pub struct Target {
     pub model: Option<String>,
     /// Relative share under `balance`.
     pub weight: u32,
+    /// Clients of another protocol may reach it translated (`translate:`).
+    pub translate: bool,
 }
 
 /// A secret string: `Debug` and `Display` print `***`, so a stray `{:?}` in a
@@ -306,13 +306,11 @@ impl Config {
         })
     }
 
-    /// Exact aliases served by one upstream family, for error messages and
-    /// `/v1/models` (patterns are not models a client can list).
-    pub fn aliases(&self, family: Family) -> impl Iterator<Item = &str> {
-        self.models
-            .iter()
-            .filter(move |(name, r)| r.protocol == family && !is_pattern(name))
-            .map(|(name, _)| name.as_str())
+    /// Exact aliases, for error messages and `/v1/models` (patterns are
+    /// not models a client can list). Every alias is served on every
+    /// endpoint: a target of another protocol is reached translated.
+    pub fn aliases(&self) -> impl Iterator<Item = &str> {
+        self.models.iter().filter(|(name, _)| !is_pattern(name)).map(|(name, _)| name.as_str())
     }
 }
 

@@ -270,7 +270,8 @@ pub struct RawAnomalyAction {
 pub struct RawUpstream {
     /// Unique name used by model targets, logs and headers.
     pub name: String,
-    /// Wire protocol: `openai` or `anthropic` (implied by a cloud `kind`).
+    /// Wire protocol: `openai`, `openai-chat` (chat completions only) or
+    /// `anthropic` (implied by a cloud `kind`).
     #[serde(default)]
     pub protocol: Option<String>,
     /// How it is reached: `anthropic`, `openai` (the default: the
@@ -400,6 +401,10 @@ pub struct RawTarget {
     /// Relative share under `strategy: balance`.
     #[serde(default)]
     pub weight: Option<u32>,
+    /// `false`: this target serves only clients of its own protocol (no
+    /// translation to reach it).
+    #[serde(default)]
+    pub translate: Option<bool>,
 }
 
 /// `otel:` section: OTLP/HTTP trace export.

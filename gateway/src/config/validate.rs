@@ -16,7 +16,6 @@ use crate::classify::{Rule, Rules};
 use crate::health::BreakerConfig;
 use crate::journal::Retention;
 use crate::limits::LimitConfig;
-use crate::protocol::Family;
 use crate::retry::Policy;
 
 const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -411,7 +410,6 @@ fn models(
             continue;
         }
         let mut targets = Vec::new();
-        let mut protocol: Option<Family> = None;
         for (j, t) in model.targets.iter().enumerate() {
             let Some(idx) = upstreams.iter().position(|u| u.name == t.upstream) else {
                 // An upstream that is listed but invalid has its own
@@ -425,16 +423,6 @@ fn models(
                 }
                 continue;
             };
-            let p = upstreams[idx].protocol;
-            match protocol {
-                None => protocol = Some(p),
-                Some(first) if first != p => problems.push(format!(
-                    "models.{alias}.targets[{j}]: upstream {:?} speaks {p}, but targets[0] speaks {first}; \
-                     an alias is served on one endpoint, so its targets must share a protocol",
-                    t.upstream
-                )),
-                Some(_) => {}
-            }
             if t.model.as_deref() == Some("") {
                 problems.push(format!("models.{alias}.targets[{j}].model: must not be empty"));
             }
@@ -449,6 +437,7 @@ fn models(
                 upstream: crate::ids::UpstreamId::at(idx),
                 model: t.model.clone(),
                 weight: t.weight.unwrap_or(1).max(1),
+                translate: t.translate.unwrap_or(true),
             });
         }
         let deadline = duration(&format!("models.{alias}.deadline"), &model.deadline, default_deadline, problems);
@@ -460,11 +449,8 @@ fn models(
                 Strategy::Failover
             }
         };
-        if let Some(protocol) = protocol {
-            out.insert(
-                alias.clone(),
-                ModelRoute { protocol, targets, deadline, stream_resume: model.stream_resume, strategy },
-            );
+        if !targets.is_empty() {
+            out.insert(alias.clone(), ModelRoute { targets, deadline, stream_resume: model.stream_resume, strategy });
         }
     }
     out

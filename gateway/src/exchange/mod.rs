@@ -101,7 +101,7 @@ impl Exchange {
     /// answer.
     pub fn absorb(&mut self, (job, relayed): (Job, Relayed)) -> Answer {
         if let Answer::Stream(_, body) = &relayed.answer
-            && body.is_sse()
+            && body.may_be_continued()
             && job.gw.config.route(job.route).is_some_and(|(_, route)| route.stream_resume)
         {
             self.job = Some(Box::new(job));
@@ -114,6 +114,9 @@ impl Exchange {
             self.pass = relayed.pass;
         }
         self.permit = relayed.permit;
+        if relayed.dropped.is_some() {
+            self.report.dropped = relayed.dropped;
+        }
         relayed.answer
     }
 

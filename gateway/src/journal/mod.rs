@@ -92,6 +92,11 @@ pub struct Row {
     /// bytes: `gzip-decoded`, `deflate-decoded`, `content-length` or
     /// `unverified` (see `stream::json_end`).
     pub completion_from: Option<String>,
+    /// The client's protocol (`openai-chat`, `openai-responses`,
+    /// `anthropic`).
+    pub protocol: Option<String>,
+    /// What translation left out of the request, declared.
+    pub dropped: Option<String>,
     /// Attempts, in order (loaded for one request only).
     pub attempts: Vec<AttemptRow>,
 }
@@ -111,6 +116,8 @@ pub struct AttemptRow {
     pub verdict: String,
     /// Wait before the next attempt.
     pub wait_ms: Option<f64>,
+    /// The protocol it was sent in, when translated.
+    pub protocol: Option<String>,
 }
 
 /// A finished request on its way to the writer, built on the request path.
@@ -158,6 +165,8 @@ pub struct Record {
     pub stream: bool,
     /// The client's volume was far above its baseline.
     pub anomaly: bool,
+    /// The client's protocol.
+    pub protocol: Option<crate::protocol::Protocol>,
     /// The config generation whose upstream names its indices refer to
     /// (see [`Journal::register`]); two bytes, so a record stays within two
     /// cache lines.
@@ -178,6 +187,8 @@ pub struct Detail {
     pub attempts: Vec<AttemptLog>,
     /// How the answer's completion was told, when not from its own bytes.
     pub completion_from: Option<&'static str>,
+    /// What translation left out of the request.
+    pub dropped: Option<String>,
 }
 
 impl Record {
@@ -415,15 +426,26 @@ mod tests {
                     summary: a.summary.clone(),
                     verdict: Verdict::parse(&a.verdict).unwrap(),
                     wait: a.wait_ms.map(|ms| Duration::from_micros(us(ms) as u64)),
+                    protocol: a.protocol.as_deref().and_then(crate::protocol::Protocol::parse),
                 })
                 .collect()
         };
         // Test rows only: the label leaked to make it `'static` as on the request path.
         let completion_from = r.completion_from.clone().map(|c| &*Box::leak(c.into_boxed_str()));
-        let detail = (r.error.is_some() || r.partial.is_some() || !attempts.is_empty() || completion_from.is_some())
-            .then(|| {
-                Box::new(Detail { error: r.error.clone(), partial: r.partial.clone(), attempts, completion_from })
-            });
+        let detail = (r.error.is_some()
+            || r.partial.is_some()
+            || !attempts.is_empty()
+            || completion_from.is_some()
+            || r.dropped.is_some())
+        .then(|| {
+            Box::new(Detail {
+                error: r.error.clone(),
+                partial: r.partial.clone(),
+                attempts,
+                completion_from,
+                dropped: r.dropped.clone(),
+            })
+        });
         Record {
             id: uuid::Uuid::parse_str(&r.id).unwrap(),
             client: r.client.clone(),
@@ -440,6 +462,7 @@ mod tests {
             class: r.class.as_deref().map(class),
             stream: r.stream,
             anomaly: r.anomaly,
+            protocol: r.protocol.as_deref().and_then(crate::protocol::Protocol::parse),
             generation: 0,
             detail,
         }

@@ -55,6 +55,8 @@ pub(super) fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         n_attempts: r.get("n_attempts")?,
         anomaly: r.get("anomaly")?,
         completion_from: r.get("completion_from")?,
+        protocol: r.get("protocol")?,
+        dropped: r.get("dropped")?,
         attempts: Vec::new(),
     })
 }
@@ -112,7 +114,8 @@ pub fn get(path: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
     let Some(row) = rows.next() else { return Ok(None) };
     let mut row = row?;
     let mut att = conn.prepare(
-        "SELECT upstream, status, class, summary, verdict, wait_us FROM attempts WHERE request_id = ?1 ORDER BY n",
+        "SELECT upstream, status, class, summary, verdict, wait_us, protocol FROM attempts WHERE request_id = ?1 \
+         ORDER BY n",
     )?;
     row.attempts = att
         .query_map(params![hi], |r| {
@@ -123,6 +126,7 @@ pub fn get(path: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
                 summary: r.get(3)?,
                 verdict: r.get(4)?,
                 wait_ms: r.get::<_, Option<i64>>(5)?.map(ms),
+                protocol: r.get(6)?,
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
@@ -144,6 +148,7 @@ pub(super) fn implied_attempt(r: &Row) -> Option<AttemptRow> {
         summary: String::new(),
         verdict: "ok".into(),
         wait_ms: None,
+        protocol: None,
     })
 }
 

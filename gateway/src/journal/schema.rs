@@ -5,7 +5,7 @@ use super::*;
 
 /// The journal's format; a file of an older one is set aside (see
 /// [`open`]).
-pub(super) const VERSION: i64 = 3;
+pub(super) const VERSION: i64 = 4;
 
 /// Requests are keyed by the first half of their id (time and a sequence,
 /// unique and growing: see [`crate::request_id`]) as SQLite's integer
@@ -19,7 +19,7 @@ pub(super) const VERSION: i64 = 3;
 ///
 /// The `requests` columns are listed once, in [`REQUEST_TABLE`]: the
 /// table, the INSERT, the SELECT and the binding follow that list.
-pub(super) const REQUEST_TABLE: [(&str, &str); 19] = [
+pub(super) const REQUEST_TABLE: [(&str, &str); 21] = [
     ("id", "INTEGER PRIMARY KEY"),
     ("id_lo", "INTEGER NOT NULL"),
     ("client", "TEXT"),
@@ -39,6 +39,8 @@ pub(super) const REQUEST_TABLE: [(&str, &str); 19] = [
     ("n_attempts", "INTEGER NOT NULL"),
     ("anomaly", "INTEGER NOT NULL DEFAULT 0"),
     ("completion_from", "TEXT"),
+    ("protocol", "TEXT"),
+    ("dropped", "TEXT"),
 ];
 
 /// The column names of [`REQUEST_TABLE`], comma-separated, in order.
@@ -56,7 +58,7 @@ pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS attempts (
     request_id INTEGER NOT NULL, n INTEGER NOT NULL,
     upstream TEXT NOT NULL, status INTEGER, class TEXT, summary TEXT NOT NULL, verdict TEXT NOT NULL,
-    wait_us INTEGER, PRIMARY KEY (request_id, n)) WITHOUT ROWID;
+    wait_us INTEGER, protocol TEXT, PRIMARY KEY (request_id, n)) WITHOUT ROWID;
 -- The requests worth looking for (not completed) by outcome, newest first
 -- (an index holds the rowid); partial, so a completed row costs it nothing.
 CREATE INDEX IF NOT EXISTS requests_by_outcome ON requests (outcome) WHERE outcome <> 'completed';
@@ -66,7 +68,7 @@ CREATE VIEW IF NOT EXISTS requests_view AS SELECT
     strftime('%Y-%m-%d %H:%M:%f', (id >> 16) / 1000.0, 'unixepoch') AS time_utc,
     client, model, stream, outcome, status, class, error, targets, queue_us / 1000.0 AS queue_ms,
     ttfb_us / 1000.0 AS ttfb_ms, total_us / 1000.0 AS total_ms, tokens_in, tokens_out, partial, n_attempts,
-    anomaly, completion_from, id AS key
+    anomaly, completion_from, protocol, dropped, id AS key
     FROM requests;
 ";
 
@@ -106,6 +108,20 @@ pub(super) fn open(path: &Path) -> rusqlite::Result<Connection> {
             tx.execute_batch(
                 "ALTER TABLE requests ADD COLUMN completion_from TEXT; DROP VIEW IF EXISTS requests_view;",
             )?;
+        }
+        // Version 3 (or 2) lacks the protocols and what translation
+        // dropped: added (NULL in old rows), the view made anew.
+        let has = |table: &str, column: &str| {
+            tx.prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = '{column}'"))
+                .and_then(|mut s| s.exists([]))
+        };
+        if (2..4).contains(&version) && !first_format {
+            for (table, column) in [("requests", "protocol"), ("requests", "dropped"), ("attempts", "protocol")] {
+                if !has(table, column)? {
+                    tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} TEXT;"))?;
+                }
+            }
+            tx.execute_batch("DROP VIEW IF EXISTS requests_view;")?;
         }
         tx.execute_batch(&schema())?;
         tx.pragma_update(None, "user_version", VERSION)?;

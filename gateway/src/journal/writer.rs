@@ -149,6 +149,8 @@ pub(super) fn bind_request(
         &r.n_attempts,
         &r.anomaly,
         &detail.and_then(|d| d.completion_from),
+        &r.protocol.map(crate::protocol::Protocol::name),
+        &detail.and_then(|d| d.dropped.as_deref()),
     ];
     for (i, value) in values.into_iter().enumerate() {
         stmt.raw_bind_parameter(base + i + 1, value)?;
@@ -178,8 +180,8 @@ pub(super) fn insert(conn: &mut Connection, generations: &[Arc<[String]>], batch
             }
         }
         let mut att = tx.prepare_cached(
-            "INSERT OR IGNORE INTO attempts (request_id, n, upstream, status, class, summary, verdict, wait_us)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT OR IGNORE INTO attempts (request_id, n, upstream, status, class, summary, verdict, wait_us,
+             protocol) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?;
         for r in batch.iter().filter(|r| !r.attempts().is_empty()) {
             let (id, _) = key(&r.id);
@@ -192,7 +194,8 @@ pub(super) fn insert(conn: &mut Connection, generations: &[Arc<[String]>], batch
                     a.class.map(Class::as_str),
                     a.summary,
                     a.verdict.as_str(),
-                    a.wait.map(micros)
+                    a.wait.map(micros),
+                    a.protocol.map(crate::protocol::Protocol::name)
                 ])?;
             }
         }

@@ -20,6 +20,7 @@ pub mod anthropic;
 pub mod events;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod turn;
 
 use std::fmt;
 use std::ops::Range;
@@ -36,6 +37,9 @@ use events::{Kind, Seen};
 pub enum Family {
     /// OpenAI-compatible: chat completions, Responses, embeddings.
     OpenAi,
+    /// OpenAI-compatible without the Responses API (`openai-chat`): chat
+    /// completions and embeddings; Responses requests reach it translated.
+    OpenAiChat,
     /// Anthropic: messages and count_tokens.
     Anthropic,
 }
@@ -45,8 +49,26 @@ impl Family {
     pub fn as_str(self) -> &'static str {
         match self {
             Family::OpenAi => "openai",
+            Family::OpenAiChat => "openai-chat",
             Family::Anthropic => "anthropic",
         }
+    }
+
+    /// Whether an upstream of this family serves `endpoint` in its own
+    /// protocol.
+    pub fn serves(self, endpoint: Endpoint) -> bool {
+        match self {
+            Family::OpenAi => {
+                matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Embeddings)
+            }
+            Family::OpenAiChat => matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Embeddings),
+            Family::Anthropic => matches!(endpoint, Endpoint::Messages | Endpoint::CountTokens),
+        }
+    }
+
+    /// Whether its key goes in `Authorization: Bearer` (else `x-api-key`).
+    pub fn bearer(self) -> bool {
+        !matches!(self, Family::Anthropic)
     }
 }
 
@@ -73,6 +95,29 @@ impl Protocol {
         match self {
             Protocol::OpenAiChat | Protocol::OpenAiResponses => Family::OpenAi,
             Protocol::Anthropic => Family::Anthropic,
+        }
+    }
+
+    /// Its name in the journal, headers and `tidegate check`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::OpenAiChat => "openai-chat",
+            Protocol::OpenAiResponses => "openai-responses",
+            Protocol::Anthropic => "anthropic",
+        }
+    }
+
+    /// The protocol named `name` (see [`Protocol::name`]).
+    pub fn parse(name: &str) -> Option<Protocol> {
+        [Protocol::OpenAiChat, Protocol::OpenAiResponses, Protocol::Anthropic].into_iter().find(|p| p.name() == name)
+    }
+
+    /// The endpoint a translated request of this protocol is sent to.
+    pub fn endpoint(self) -> Endpoint {
+        match self {
+            Protocol::OpenAiChat => Endpoint::ChatCompletions,
+            Protocol::OpenAiResponses => Endpoint::Responses,
+            Protocol::Anthropic => Endpoint::Messages,
         }
     }
 
@@ -203,6 +248,12 @@ impl Endpoint {
             Endpoint::Responses => Protocol::OpenAiResponses,
             Endpoint::Messages | Endpoint::CountTokens => Protocol::Anthropic,
         }
+    }
+
+    /// Whether a request to it may be translated for a target of another
+    /// protocol (a conversation turn; embeddings and token counts are not).
+    pub fn translatable(self) -> bool {
+        matches!(self, Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages)
     }
 
     /// Whether its requests spend the upstream's token budget (`tpm`):
@@ -368,6 +419,23 @@ pub fn error_status(data: &[u8]) -> u16 {
     }
     let named = |key: &str| err.get(key).and_then(|t| t.as_str());
     named("type").into_iter().chain(named("code")).find_map(status_of_name).unwrap_or(200)
+}
+
+/// The error kind an upstream status stands for, so a translated error
+/// keeps its class in the client's protocol (a rate limit stays a rate
+/// limit error).
+pub fn kind_of_status(status: u16) -> ErrorKind {
+    match status {
+        400 | 422 => ErrorKind::InvalidRequest,
+        401 => ErrorKind::Authentication,
+        402 | 403 => ErrorKind::Permission,
+        404 => ErrorKind::NotFound,
+        413 => ErrorKind::TooLarge,
+        429 => ErrorKind::RateLimit,
+        408 | 504 => ErrorKind::Timeout,
+        503 | 529 => ErrorKind::Overloaded,
+        _ => ErrorKind::Api,
+    }
 }
 
 fn status_of_name(name: &str) -> Option<u16> {

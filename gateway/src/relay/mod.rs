@@ -46,9 +46,10 @@ use crate::retry::{self, Decision, GiveUp, Situation};
 use crate::stream::RelayBody;
 use crate::stream::handshake::{self, Handshake};
 use crate::stream::json_end::{self, JsonEnd};
+use crate::translate;
 use crate::upstream::{SendError, Upstream};
 use progress::Progress;
-use targets::{Pick, Targets};
+use targets::{Pick, Sent, Targets};
 
 /// Token estimate for a request without `max_tokens` (rate limits).
 const DEFAULT_MAX_TOKENS: u64 = 1024;
@@ -95,12 +96,6 @@ pub struct Job {
     pub pin: Option<UpstreamId>,
 }
 
-impl Job {
-    fn protocol(&self) -> Protocol {
-        self.endpoint.protocol()
-    }
-}
-
 /// The client's answer and how it came about.
 pub struct Relayed {
     /// What to send the client.
@@ -116,6 +111,8 @@ pub struct Relayed {
     pub pass: Option<Pass>,
     /// The upstream slot of a 2xx answer, held until its last byte.
     pub permit: Option<Permit>,
+    /// What translation left out of the request that was answered.
+    pub dropped: Option<String>,
 }
 
 /// What a single attempt produced.
@@ -180,6 +177,7 @@ async fn in_lane(job: &Job) -> Relayed {
             queue_wait: in_lane,
             pass: None,
             permit: None,
+            dropped: None,
         },
     }
 }
@@ -196,6 +194,7 @@ async fn attempts(job: &Job) -> Relayed {
             queue_wait: Duration::ZERO,
             pass: None,
             permit: None,
+            dropped: None,
         };
     };
     let mut run = Run {
@@ -205,6 +204,8 @@ async fn attempts(job: &Job) -> Relayed {
         attempts: Vec::new(),
         queue_wait: Duration::ZERO,
         last: None,
+        refused: None,
+        via: None,
     };
     let tokens = tokens_of(job);
     loop {
@@ -212,12 +213,23 @@ async fn attempts(job: &Job) -> Relayed {
             Ok(picked) => picked,
             Err(stop) => return stop,
         };
+        // A target whose protocol cannot say this request is left out
+        // before it takes a slot; the request goes on with the others.
+        let sent = match run.targets.sent(ti, job) {
+            Ok(sent) => sent,
+            Err(why) => {
+                run.refuse(ti, why);
+                continue;
+            }
+        };
         let (mut permit, held, now) = match run.acquire(ti, tokens, now).await {
             Ok(acquired) => acquired,
             Err(stop) => return stop,
         };
-        let (outcome, buffered) = match run.send(ti, now).await {
-            Attempt::Success(answer) => return run.succeed(ti, answer, permit),
+        let back = sent.back.clone();
+        run.via = back.as_ref().map(|b| b.target);
+        let (outcome, buffered) = match run.send(ti, now, sent).await {
+            Attempt::Success(answer) => return run.succeed(ti, answer, permit, back.as_deref()),
             Attempt::Failure(outcome, buffered) => (outcome, buffered),
             // The deadline, not the upstream, ended it: nothing to learn
             // about the upstream (no breaker, cooldown or limit change).
@@ -298,6 +310,11 @@ struct Run<'a> {
     queue_wait: Duration,
     /// The last failure and its target, for a give-up before any attempt.
     last: Option<(Outcome, TargetId)>,
+    /// Why the last target left out for its protocol could not take the
+    /// request: the answer when no target could.
+    refused: Option<String>,
+    /// The protocol the current attempt is sent in, when translated.
+    via: Option<Protocol>,
 }
 
 impl<'a> Run<'a> {
@@ -323,7 +340,21 @@ impl<'a> Run<'a> {
             queue_wait: self.queue_wait,
             pass: None,
             permit: None,
+            dropped: None,
         }
+    }
+
+    /// Leaves out a target that cannot be sent this request in its
+    /// protocol, keeping the reason.
+    fn refuse(&mut self, ti: TargetId, why: String) {
+        let upstream = self.upstream(ti);
+        tracing::debug!(upstream = %upstream.config.name, %why, "request not translatable for this target");
+        self.refused = Some(format!(
+            "this request cannot be translated for upstream {} ({}): {why}",
+            upstream.config.name,
+            upstream.config.protocol
+        ));
+        self.targets.exclude(ti);
     }
 
     /// Pick: the target for the next attempt. A provider's hold is waited
@@ -354,6 +385,15 @@ impl<'a> Run<'a> {
                 }
                 Pick::NoneLeft => (GiveUp::BreakerOpen { wait: Duration::from_secs(1) }, answer::breakers_open(), None),
             };
+            // No target could be sent the request in its protocol: that
+            // is the client's request, refused with the field named.
+            if self.last.is_none()
+                && matches!(why, GiveUp::BreakerOpen { .. })
+                && target.is_none()
+                && let Some(refused) = self.refused.take()
+            {
+                return Err(self.stop(Answer::Gateway(GatewayError::BadRequest(refused)), None));
+            }
             // The account names the last target that failed, else the one
             // the pick was about.
             return Err(match (self.last.take(), target) {
@@ -392,24 +432,27 @@ impl<'a> Run<'a> {
     }
 
     /// Send and classify: one attempt on target `ti`.
-    async fn send(&mut self, ti: TargetId, now: Instant) -> Attempt {
+    async fn send(&mut self, ti: TargetId, now: Instant, sent: Sent) -> Attempt {
         let remaining = self.job.deadline.saturating_duration_since(now);
-        let body = self.targets.body(ti, self.job);
         let index = self.targets.upstream(ti);
         let model = self.targets.model(ti, self.job);
-        attempt(self.job, index, &self.job.gw.upstreams[index], (body, model), remaining).await
+        attempt(self.job, index, &self.job.gw.upstreams[index], (sent, model), remaining).await
     }
 
     /// The attempt succeeded: its answer goes to the client, holding the
     /// slot until its last byte.
-    fn succeed(&mut self, ti: TargetId, mut answer: Answer, mut permit: Permit) -> Relayed {
+    fn succeed(&mut self, ti: TargetId, mut answer: Answer, mut permit: Permit, back: Option<&translate::Back>) -> Relayed {
         let upstream = self.upstream(ti);
         upstream.limiter.on_success();
         upstream.health.on_success();
         let index = self.targets.upstream(ti);
-        self.attempts.push(AttemptLog::ok(index));
+        self.attempts.push(AttemptLog { protocol: self.via, ..AttemptLog::ok(index) });
+        let dropped = back.and_then(|b| b.dropped.clone());
         match &mut answer {
-            Answer::Stream(_, body) => {
+            Answer::Stream(parts, body) => {
+                if let Some(back) = back {
+                    translate::declare(back, &mut parts.headers);
+                }
                 if self.job.endpoint == Endpoint::Responses
                     && self.job.head.store != Some(false)
                     && let Some(id) = body.response_id()
@@ -418,11 +461,14 @@ impl<'a> Run<'a> {
                 }
                 let mut relayed = self.stop(answer, Some(ti));
                 relayed.permit = Some(permit);
+                relayed.dropped = dropped;
                 return relayed;
             }
             Answer::Verbatim { .. } | Answer::Gateway(_) => permit.settle(0),
         }
-        self.stop(answer, Some(ti))
+        let mut relayed = self.stop(answer, Some(ti));
+        relayed.dropped = dropped;
+        relayed
     }
 
     /// Feed back: the one place a failed attempt's outcome reaches the
@@ -487,6 +533,7 @@ impl<'a> Run<'a> {
             summary: outcome.summary.clone(),
             verdict,
             wait,
+            protocol: self.via,
         });
     }
 
@@ -517,17 +564,17 @@ async fn attempt(
     job: &Job,
     index: UpstreamId,
     upstream: &Upstream,
-    sent: (Bytes, &str),
+    sent: (Sent, &str),
     remaining: Duration,
 ) -> Attempt {
-    let (body, model) = sent;
+    let (Sent { body, endpoint, back }, model) = sent;
     let timeout = upstream.config.header_timeout.min(remaining);
     let rules = &upstream.config.rules;
     let now = jiff::Timestamp::now;
     // The request is built in a block so that it is not also kept in this
     // future beside the copy the send future holds.
     let sending = {
-        let mut req = match upstream.request(job.endpoint, body, model, job.head.stream, &job.client_headers) {
+        let mut req = match upstream.request(endpoint, body, model, job.head.stream, &job.client_headers) {
             Ok(req) => req,
             Err(error) => return unsent(error),
         };
@@ -564,18 +611,25 @@ async fn attempt(
     }
     if !status.is_success() {
         let (mut parts, bytes) = read_error(resp, remaining).await;
-        let bytes = upstream.error_body(&mut parts, bytes);
+        let mut bytes = upstream.error_body(&mut parts, bytes);
         let outcome = classify::classify(parts.status, &parts.headers, &bytes, rules, now());
+        if let Some(back) = &back {
+            // Classified as the target said it; told in the client's words.
+            bytes = translate::error(back, parts.status.as_u16(), &bytes);
+            parts.headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+        }
         return Attempt::Failure(outcome, Some((parts, bytes)));
     }
     let (mut parts, incoming) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
     let idle = upstream.config.stream_idle_timeout;
-    let protocol = job.protocol();
+    // The upstream's answer is in the target's protocol; what tidegate
+    // says itself is in the client's.
+    let protocol = endpoint.protocol();
     let name = (index, upstream.config.name.as_str());
     if !is_sse(&parts.headers) {
         let json = JsonEnd::new(&parts.headers);
-        if !protocol.reads_json_answers() {
+        if !protocol.reads_json_answers() && back.is_none() {
             let body = RelayBody::raw(incoming, json, idle, protocol, name);
             return Attempt::Success(Answer::Stream(parts, Box::new(body)));
         }
@@ -598,9 +652,22 @@ async fn attempt(
             None => protocol.read_answer(&bytes),
         };
         if let Some(error) = read.failed {
-            return carried_failure(&parts.headers, error, upstream);
+            return carried_failure(&parts.headers, error, upstream, back.as_deref());
         }
         parts.headers.remove(header::CONTENT_LENGTH);
+        if let Some(back) = &back {
+            let plain = json_end::decoded(&parts.headers, &bytes, MAX_CHECKED_ANSWER);
+            let translated = translate::answer(back, plain.as_deref().unwrap_or(&bytes));
+            let Ok(bytes) = translated else {
+                let why = translated.err().unwrap_or_default();
+                return Attempt::Failure(classify::classify_odd(status.as_u16(), &why), None);
+            };
+            parts.headers.remove(header::CONTENT_ENCODING);
+            parts.headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+            let json = JsonEnd::new(&parts.headers);
+            let body = RelayBody::read(bytes, json, back.client, name, None);
+            return Attempt::Success(Answer::Stream(parts, Box::new(body)));
+        }
         return Attempt::Success(Answer::Stream(
             parts,
             Box::new(RelayBody::read(bytes, json, protocol, name, read.id)),
@@ -610,9 +677,12 @@ async fn attempt(
         Handshake::Open { inner, scanner, ready } => {
             let mut body = RelayBody::sse(inner, idle, scanner, ready, protocol, name);
             body.close_with(&job.gw.closing);
+            if let Some(back) = &back {
+                body.translate(back);
+            }
             Attempt::Success(Answer::Stream(parts, Box::new(body)))
         }
-        Handshake::Rejected(data) => carried_failure(&parts.headers, data, upstream),
+        Handshake::Rejected(data) => carried_failure(&parts.headers, data, upstream, back.as_deref()),
         Handshake::Empty => {
             let note = b"empty stream: the upstream ended the stream before any content";
             Attempt::Failure(classify::classify(StatusCode::OK, &parts.headers, note, rules, now()), None)
@@ -647,9 +717,13 @@ fn unsent(error: SendError) -> Attempt {
 /// response object): classified like the status it stands for, and kept
 /// as the answer to return verbatim if it is final (502 when it names no
 /// status).
-fn carried_failure(headers: &HeaderMap, data: Bytes, upstream: &Upstream) -> Attempt {
+fn carried_failure(headers: &HeaderMap, data: Bytes, upstream: &Upstream, back: Option<&translate::Back>) -> Attempt {
     let status = StatusCode::from_u16(protocol::error_status(&data)).unwrap_or(StatusCode::OK);
     let outcome = classify::classify(status, headers, &data, &upstream.config.rules, jiff::Timestamp::now());
+    let data = match back {
+        Some(back) => translate::error(back, status.as_u16(), &data),
+        None => data,
+    };
     let mut error = http::Response::new(());
     *error.status_mut() = if status.is_success() { StatusCode::BAD_GATEWAY } else { status };
     error.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));

@@ -9,6 +9,8 @@
 //! continues stored state (`previous_response_id`) sees only the targets on
 //! the upstream that stores it.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use tokio::time::Instant;
 
@@ -19,6 +21,19 @@ use crate::gateway::Gateway;
 use crate::health::Availability;
 use crate::ids::{TargetId, UpstreamId};
 use crate::protocol::{self, Endpoint};
+use crate::translate::{self, Back, Translated, Way};
+
+/// What one attempt sends: the body, the endpoint it goes to, and, when
+/// it is translated, what the answer's way back needs.
+#[derive(Clone)]
+pub struct Sent {
+    /// The body.
+    pub body: Bytes,
+    /// The target's endpoint (the client's unless translated).
+    pub endpoint: Endpoint,
+    /// `Some` when translated.
+    pub back: Option<Arc<Back>>,
+}
 
 /// What was tried on one target, for the final message.
 #[derive(Debug, Clone)]
@@ -57,6 +72,9 @@ pub struct Targets<'a> {
     used: u64,
     /// What each failed target said, in order of first failure.
     pub tried: Vec<Tried>,
+    endpoint: Endpoint,
+    /// Bodies translated so far, by target (none for the same protocol).
+    translated: Vec<(usize, Translated)>,
 }
 
 impl<'a> Targets<'a> {
@@ -66,12 +84,41 @@ impl<'a> Targets<'a> {
     pub fn new(gw: &'a Gateway, route: &'a ModelRoute, endpoint: Endpoint, pin: Option<UpstreamId>) -> Self {
         let mut excluded = 0u64;
         for (i, t) in route.targets.iter().enumerate() {
-            let serves = gw.upstreams.get(t.upstream).is_some_and(|u| u.serves(endpoint));
+            let serves = gw.upstreams.get(t.upstream).is_some_and(|u| u.way(endpoint, t.translate).is_some());
             if !serves || pin.is_some_and(|pin| t.upstream != pin) {
                 excluded |= 1 << i;
             }
         }
-        Self { gw, route, excluded, used: 0, tried: Vec::new() }
+        Self { gw, route, excluded, used: 0, tried: Vec::new(), endpoint, translated: Vec::new() }
+    }
+
+    /// How target `i` is reached.
+    fn way(&self, i: usize) -> Way {
+        let t = &self.route.targets[i];
+        self.gw.upstreams.get(t.upstream).and_then(|u| u.way(self.endpoint, t.translate)).unwrap_or(Way::Native)
+    }
+
+    /// What an attempt on target `i` sends: the client's bytes (with its
+    /// model), or the request translated for it (once per request and
+    /// target); `Err` names what the target's protocol cannot say.
+    pub fn sent(&mut self, i: TargetId, job: &Job) -> Result<Sent, String> {
+        let at = i.index();
+        let Way::Translate(target) = self.way(at) else {
+            return Ok(Sent { body: self.body(i, job), endpoint: self.endpoint, back: None });
+        };
+        let endpoint = target.endpoint();
+        if job.head.previous_response_id.is_some() {
+            return Err("previous_response_id: the stored response lives at a Responses provider, and this target \
+                        keeps no Responses state; send the whole conversation (store: false) instead"
+                .into());
+        }
+        if let Some((_, t)) = self.translated.iter().find(|(k, _)| *k == at) {
+            return Ok(Sent { body: t.body.clone(), endpoint, back: Some(t.back.clone()) });
+        }
+        let t = translate::request(self.endpoint.protocol(), target, &job.body, self.model(i, job))?;
+        let sent = Sent { body: t.body.clone(), endpoint, back: Some(t.back.clone()) };
+        self.translated.push((at, t));
+        Ok(sent)
     }
 
     fn is_excluded(&self, i: usize) -> bool {

@@ -17,7 +17,7 @@ use crate::exchange::body::ExchangeBody;
 use crate::exchange::{Exchange, Running};
 use crate::gateway::Gateway;
 use crate::headers;
-use crate::protocol::{self, Endpoint, Family, Protocol};
+use crate::protocol::{self, Endpoint, Protocol};
 use crate::relay::progress::Progress;
 use crate::route;
 
@@ -36,11 +36,10 @@ pub async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Respo
     if authenticate(&gw.config.client_keys, &headers).is_err() {
         return GatewayError::Unauthorized.into_response(protocol);
     }
-    let family = protocol.family();
-    let aliases = gw.config.aliases(family);
-    let body = match family {
-        Family::OpenAi => protocol::openai_chat::models_list(aliases),
-        Family::Anthropic => protocol::anthropic::models_list(aliases),
+    let aliases = gw.config.aliases();
+    let body = match protocol {
+        Protocol::Anthropic => protocol::anthropic::models_list(aliases),
+        Protocol::OpenAiChat | Protocol::OpenAiResponses => protocol::openai_chat::models_list(aliases),
     };
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }

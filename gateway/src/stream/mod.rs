@@ -118,6 +118,9 @@ pub struct RelayBody {
     /// How a raw (JSON) body's end and usage are read (its last bytes,
     /// decoded if it is compressed).
     json: json_end::JsonEnd,
+    /// A stream from a target of another protocol: its events are read
+    /// (scanned) in the target's grammar and sent in the client's.
+    translator: Option<Box<crate::translate::Stream>>,
     /// Events ready for the client, held while more arrive at once.
     gathered: BytesMut,
     /// Turns given to the upstream connection with nothing new since.
@@ -205,6 +208,7 @@ impl RelayBody {
             closing: None,
             answer_id: None,
             json: json_end::JsonEnd::default(),
+            translator: None,
             gathered: BytesMut::new(),
             yielded: 0,
             finished: false,
@@ -231,6 +235,9 @@ impl RelayBody {
     /// The id the upstream gave a Responses answer (its stored state): from
     /// `response.created` in a stream, or the JSON answer read whole.
     pub fn response_id(&self) -> Option<String> {
+        if self.translator.is_some() {
+            return None;
+        }
         match &self.sse {
             Some(sse) => sse.seen.response_id.clone(),
             None => self.answer_id.clone(),
@@ -243,17 +250,34 @@ impl RelayBody {
         self.closing = Some(Box::pin(token.clone().cancelled_owned()));
     }
 
+    /// Sends this stream's events in the client's protocol (`back`
+    /// says which). A translated stream is not continued after a break
+    /// (a continuation is built in the client's protocol).
+    pub fn translate(&mut self, back: &crate::translate::Back) {
+        self.translator = crate::translate::Stream::new(back).map(Box::new);
+        self.resumes = 0;
+    }
+
     /// Lets a broken text stream ask its owner for up to `tries`
     /// continuations before `until` instead of failing.
     pub fn allow_resumes(&mut self, tries: u8, until: Instant) {
-        self.resumes = tries;
-        self.resume_until = until;
+        if self.translator.is_none() {
+            self.resumes = tries;
+            self.resume_until = until;
+        }
     }
 
     /// Whether this answer is an SSE stream (only a stream can be
     /// continued).
     pub fn is_sse(&self) -> bool {
         self.sse.is_some()
+    }
+
+    /// Whether this answer may be continued if it breaks: an SSE stream
+    /// in the client's own protocol (a translated one is not: a
+    /// continuation is built from the client's request).
+    pub fn may_be_continued(&self) -> bool {
+        self.sse.is_some() && self.translator.is_none()
     }
 
     /// Whether this answer could ever ask for a continuation (an SSE
@@ -295,6 +319,7 @@ impl RelayBody {
             ),
             verdict: Verdict::Resume,
             wait: None,
+            protocol: None,
         };
         Some(Ask { why, text: &seen.text, log })
     }
@@ -378,7 +403,10 @@ impl RelayBody {
             self.upstream.1
         );
         self.outcome = Some((Outcome::Incomplete, Some(message.clone())));
-        Some(self.protocol.error_event(ErrorKind::Api, &message))
+        match self.translator.as_mut() {
+            Some(t) => Some(t.fail(ErrorKind::Api, &message)),
+            None => Some(self.protocol.error_event(ErrorKind::Api, &message)),
+        }
     }
 
     fn end(&mut self) {
@@ -451,7 +479,10 @@ impl RelayBody {
         if error {
             sse.discard();
         }
-        Some(out)
+        match self.translator.as_mut() {
+            Some(t) => Some(t.events(&out)).filter(|b| !b.is_empty()),
+            None => Some(out),
+        }
     }
 }
 
@@ -541,6 +572,14 @@ impl RelayBody {
                 return Poll::Ready(Some(Ok(last)));
             }
             let Some(inner) = this.inner.as_mut() else {
+                // A finished answer whose target sent no terminal event of
+                // its own still gets the client's.
+                if this.outcome.is_none()
+                    && this.sse.as_ref().is_some_and(|s| s.seen.complete)
+                    && let Some(tail) = this.translator.as_mut().map(|t| t.finish()).filter(|b| !b.is_empty())
+                {
+                    return Poll::Ready(Some(Ok(tail)));
+                }
                 this.end();
                 return Poll::Ready(None);
             };

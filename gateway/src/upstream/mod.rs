@@ -177,7 +177,7 @@ impl Upstream {
         };
         let mut uris: [Option<Uri>; Endpoint::ALL.len()] = Default::default();
         for (slot, endpoint) in uris.iter_mut().zip(Endpoint::ALL) {
-            if matches!(reach, Reach::Direct) && endpoint.protocol().family() == config.protocol {
+            if matches!(reach, Reach::Direct) && config.protocol.serves(endpoint) {
                 let uri = format!("{base}{}", endpoint.upstream_path()).parse();
                 *slot = Some(uri.map_err(|_| BuildError::Url(config.name.clone()))?);
             }
@@ -187,8 +187,10 @@ impl Upstream {
         } else {
             let (name, value) = match (&reach, config.protocol) {
                 (Reach::Azure(_), _) => (HeaderName::from_static("api-key"), config.api_key.expose().to_owned()),
-                (_, Family::OpenAi) => (header::AUTHORIZATION, format!("Bearer {}", config.api_key.expose())),
-                (_, Family::Anthropic) => (HeaderName::from_static("x-api-key"), config.api_key.expose().to_owned()),
+                (_, family) if family.bearer() => {
+                    (header::AUTHORIZATION, format!("Bearer {}", config.api_key.expose()))
+                }
+                (_, _) => (HeaderName::from_static("x-api-key"), config.api_key.expose().to_owned()),
             };
             let mut value = HeaderValue::try_from(value).map_err(|_| BuildError::Key(config.name.clone()))?;
             value.set_sensitive(true);
@@ -229,6 +231,26 @@ impl Upstream {
             Reach::Direct => self.uri(endpoint).is_some(),
             Reach::Bedrock(_) | Reach::Vertex(_) => endpoint == Endpoint::Messages,
             Reach::Azure(_) => azure::Azure::serves(endpoint),
+        }
+    }
+
+    /// How a request to `endpoint` reaches it: in the client's protocol,
+    /// translated (when `translate` allows) to the protocol it speaks, or
+    /// not at all (`None`).
+    pub fn way(&self, endpoint: Endpoint, translate: bool) -> Option<crate::translate::Way> {
+        use crate::translate::Way;
+        if self.serves(endpoint) {
+            return Some(Way::Native);
+        }
+        if !translate || !endpoint.translatable() {
+            return None;
+        }
+        if self.serves(Endpoint::Messages) {
+            Some(Way::Translate(crate::protocol::Protocol::Anthropic))
+        } else if self.serves(Endpoint::ChatCompletions) {
+            Some(Way::Translate(crate::protocol::Protocol::OpenAiChat))
+        } else {
+            None
         }
     }
 

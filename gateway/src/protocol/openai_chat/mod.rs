@@ -4,6 +4,8 @@
 //! Also the error shape of every OpenAI-family endpoint (embeddings, the
 //! Responses API's HTTP errors).
 
+pub mod turn;
+
 use std::borrow::Cow;
 
 use bytes::Bytes;

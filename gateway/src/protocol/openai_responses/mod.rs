@@ -14,6 +14,8 @@
 //! `failed` under HTTP 200: [`read_answer`] finds that, so it is
 //! classified and retried like the error status it stands for.
 
+pub mod turn;
+
 use std::borrow::Cow;
 
 use bytes::Bytes;

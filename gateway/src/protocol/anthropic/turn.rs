@@ -1,0 +1,649 @@
+//! Anthropic messages read into and written from
+//! [`crate::protocol::turn`]: requests both ways, answers both ways,
+//! stream events into deltas ([`Reader`]) and deltas into events
+//! ([`Writer`]).
+//!
+//! Thinking blocks keep their signature as [`Opaque`] state, sent back
+//! only to an Anthropic target. A thinking block tidegate writes from
+//! another provider's reasoning carries [`TRANSLATED_SIGNATURE`] (the
+//! client needs one to send the block back); such a block is never sent
+//! to Anthropic, whose check it would fail. Tool calls are written whole
+//! at the answer's end (their arguments reassembled): a chat provider may
+//! interleave the deltas of parallel calls, which Anthropic's one open
+//! block at a time cannot say.
+
+use bytes::{BufMut, BytesMut};
+use serde_json::{Map, Value, json};
+
+use crate::protocol::events::sse_event;
+use crate::protocol::openai_chat::turn::{Refusal, push};
+use crate::protocol::turn::{
+    Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
+};
+use crate::protocol::{ErrorKind, Protocol};
+
+/// The signature of a thinking block translated from another provider's
+/// reasoning.
+pub const TRANSLATED_SIGNATURE: &str = "tidegate:translated";
+
+/// `max_tokens` sent when the client gave none (Anthropic requires it).
+pub const DEFAULT_MAX_TOKENS: u64 = 8192;
+
+fn blocks(content: &Value, at: &str, req: &mut Request) -> Result<Vec<Part>, Refusal> {
+    let items = match content {
+        Value::String(s) => return Ok(vec![Part::Text(s.clone())]),
+        Value::Array(items) => items,
+        Value::Null => return Ok(Vec::new()),
+        _ => return Err(format!("{at}.content: must be a string or an array")),
+    };
+    let mut parts = Vec::with_capacity(items.len());
+    for (j, b) in items.iter().enumerate() {
+        if b.get("cache_control").is_some() {
+            req.drop_note("cache_control");
+        }
+        match b["type"].as_str() {
+            Some("text") => parts.push(Part::Text(b["text"].as_str().unwrap_or_default().to_owned())),
+            Some("image") => {
+                let s = &b["source"];
+                let image = match s["type"].as_str() {
+                    Some("base64") => Image::Data {
+                        media_type: s["media_type"].as_str().unwrap_or("image/png").to_owned(),
+                        data: s["data"].as_str().unwrap_or_default().to_owned(),
+                    },
+                    Some("url") => Image::Url(s["url"].as_str().unwrap_or_default().to_owned()),
+                    other => return Err(format!("{at}.content[{j}].source: an image source {other:?} cannot be translated")),
+                };
+                parts.push(Part::Image(image));
+            }
+            Some("thinking") => {
+                let text = b["thinking"].as_str().unwrap_or_default().to_owned();
+                let signature = b["signature"].as_str().unwrap_or_default();
+                let opaque = (signature != TRANSLATED_SIGNATURE && !signature.is_empty())
+                    .then(|| Opaque { from: Protocol::Anthropic, value: b.clone() });
+                parts.push(Part::Reasoning { text, opaque });
+            }
+            Some("redacted_thinking") => parts
+                .push(Part::Reasoning { text: String::new(), opaque: Some(Opaque { from: Protocol::Anthropic, value: b.clone() }) }),
+            Some("tool_use") => parts.push(Part::ToolCall(ToolCall {
+                id: b["id"].as_str().unwrap_or_default().to_owned(),
+                name: b["name"].as_str().unwrap_or_default().to_owned(),
+                arguments: b.get("input").map_or_else(|| "{}".to_owned(), Value::to_string),
+                custom: false,
+            })),
+            Some("tool_result") => {
+                let content = match &b["content"] {
+                    Value::Array(_) => blocks(&b["content"], &format!("{at}.content[{j}]"), req)?,
+                    other => vec![Part::Text(other.as_str().unwrap_or_default().to_owned())],
+                };
+                parts.push(Part::ToolResult {
+                    call_id: b["tool_use_id"].as_str().unwrap_or_default().to_owned(),
+                    content,
+                    is_error: b["is_error"].as_bool().unwrap_or(false),
+                });
+            }
+            Some(kind @ ("server_tool_use" | "web_search_tool_result" | "web_fetch_tool_result"
+            | "code_execution_tool_result" | "mcp_tool_use" | "mcp_tool_result")) => {
+                req.drop_note(format!("{kind} block"));
+            }
+            other => {
+                return Err(format!(
+                    "{at}.content[{j}]: a {} block cannot be translated for this model's target",
+                    other.unwrap_or("untyped")
+                ));
+            }
+        }
+    }
+    Ok(parts)
+}
+
+/// Reads a messages request.
+pub fn read_request(v: &Value) -> Result<Request, Refusal> {
+    let mut req = Request { stream: v["stream"].as_bool().unwrap_or(false), ..Request::default() };
+    match &v["system"] {
+        Value::String(s) => req.system.push(s.clone()),
+        Value::Array(items) => {
+            for b in items {
+                if b.get("cache_control").is_some() {
+                    req.drop_note("cache_control");
+                }
+                req.system.push(b["text"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+        _ => {}
+    }
+    let messages = v["messages"].as_array().ok_or_else(|| "messages: must be an array".to_owned())?;
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let role = match m["role"].as_str() {
+            Some("user") => Role::User,
+            Some("assistant") => Role::Assistant,
+            other => return Err(format!("{at}.role: {other:?} is not user or assistant")),
+        };
+        let parts = blocks(&m["content"], &at, &mut req)?;
+        push(&mut req.messages, role, parts);
+    }
+    let mut builtin = Vec::new();
+    for (i, t) in v["tools"].as_array().into_iter().flatten().enumerate() {
+        if t.get("cache_control").is_some() {
+            req.drop_note("cache_control");
+        }
+        match (t["type"].as_str(), t.get("input_schema")) {
+            (None | Some("custom"), Some(schema)) => req.tools.push(Tool {
+                name: t["name"].as_str().ok_or_else(|| format!("tools[{i}].name: missing"))?.to_owned(),
+                description: t["description"].as_str().map(str::to_owned),
+                parameters: schema.clone(),
+                custom: false,
+            }),
+            (kind, _) => {
+                let name = t["name"].as_str().unwrap_or_default();
+                builtin.push(name.to_owned());
+                req.drop_note(format!("tool {}", kind.unwrap_or(name)));
+            }
+        }
+    }
+    let choice = &v["tool_choice"];
+    req.tool_choice = match choice["type"].as_str() {
+        Some("auto") => Some(ToolChoice::Auto),
+        Some("any") => Some(ToolChoice::Required),
+        Some("none") => Some(ToolChoice::None),
+        Some("tool") => {
+            let name = choice["name"].as_str().unwrap_or_default();
+            if builtin.iter().any(|b| b == name) || !req.tools.iter().any(|t| t.name == name) {
+                return Err(format!("tool_choice: the tool {name:?} cannot be offered by this model's target"));
+            }
+            Some(ToolChoice::Named(name.to_owned()))
+        }
+        _ => None,
+    };
+    if choice["disable_parallel_tool_use"].as_bool() == Some(true) {
+        req.parallel_tool_calls = Some(false);
+    }
+    req.max_tokens = v["max_tokens"].as_u64();
+    req.temperature = v["temperature"].as_f64();
+    req.top_p = v["top_p"].as_f64();
+    req.top_k = v["top_k"].as_u64();
+    req.stop = v["stop_sequences"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
+    match v["thinking"]["type"].as_str() {
+        Some("enabled") => req.reasoning = Some(Reasoning { effort: None, budget: v["thinking"]["budget_tokens"].as_u64() }),
+        Some("adaptive") => req.reasoning = Some(Reasoning { effort: Some("medium".into()), budget: None }),
+        _ => {}
+    }
+    req.user = v["metadata"]["user_id"].as_str().map(str::to_owned);
+    Ok(req)
+}
+
+fn part_blocks(parts: &[Part], dropped: &mut Vec<&'static str>) -> Vec<Value> {
+    let mut out = Vec::with_capacity(parts.len());
+    for p in parts {
+        match p {
+            Part::Text(t) if t.is_empty() => {}
+            Part::Text(t) => out.push(json!({"type": "text", "text": t})),
+            Part::Image(Image::Data { media_type, data }) => {
+                out.push(json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}))
+            }
+            Part::Image(Image::Url(url)) => out.push(json!({"type": "image", "source": {"type": "url", "url": url}})),
+            Part::Reasoning { opaque: Some(o), .. } if o.from == Protocol::Anthropic => out.push(o.value.clone()),
+            Part::Reasoning { opaque: Some(_), .. } => dropped.push("encrypted reasoning"),
+            Part::Reasoning { opaque: None, .. } => dropped.push("earlier reasoning text"),
+            Part::ToolCall(c) => {
+                let input = match serde_json::from_str::<Value>(&c.arguments) {
+                    Ok(v @ Value::Object(_)) => v,
+                    _ => json!({"input": c.arguments}),
+                };
+                out.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+            }
+            Part::ToolResult { call_id, content, is_error } => {
+                let content = part_blocks(content, dropped);
+                let mut b = json!({"type": "tool_result", "tool_use_id": call_id, "content": content});
+                if *is_error {
+                    b["is_error"] = json!(true);
+                }
+                out.push(b);
+            }
+        }
+    }
+    out
+}
+
+/// Writes a messages request for `model`; what Anthropic cannot carry is
+/// noted in `req.dropped`.
+pub fn write_request(req: &mut Request, model: &str) -> Value {
+    let mut dropped = Vec::new();
+    let mut messages: Vec<Value> = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        let mut content = part_blocks(&m.parts, &mut dropped);
+        // Tool results first in their message, as Anthropic requires.
+        content.sort_by_key(|b| b["type"] != "tool_result");
+        if content.is_empty() {
+            continue;
+        }
+        let role = if m.role == Role::User { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": content}));
+    }
+    for d in dropped {
+        req.drop_note(d);
+    }
+    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let mut out = Map::new();
+    out.insert("model".into(), json!(model));
+    out.insert("max_tokens".into(), json!(max_tokens));
+    if !req.system.is_empty() {
+        let system: Vec<Value> = req.system.iter().map(|s| json!({"type": "text", "text": s})).collect();
+        out.insert("system".into(), Value::Array(system));
+    }
+    out.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| {
+                let mut v = json!({"name": t.name, "input_schema": t.parameters});
+                if let Some(d) = &t.description {
+                    v["description"] = json!(d);
+                }
+                v
+            })
+            .collect();
+        out.insert("tools".into(), Value::Array(tools));
+    }
+    let mut choice = match &req.tool_choice {
+        Some(ToolChoice::Auto) => Some(json!({"type": "auto"})),
+        Some(ToolChoice::None) => Some(json!({"type": "none"})),
+        Some(ToolChoice::Required) => Some(json!({"type": "any"})),
+        Some(ToolChoice::Named(name)) => Some(json!({"type": "tool", "name": name})),
+        None => None,
+    };
+    if req.parallel_tool_calls == Some(false) && !req.tools.is_empty() {
+        choice.get_or_insert_with(|| json!({"type": "auto"}))["disable_parallel_tool_use"] = json!(true);
+    }
+    if let Some(choice) = choice {
+        out.insert("tool_choice".into(), choice);
+    }
+    if let Some(t) = req.temperature {
+        out.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = req.top_p {
+        out.insert("top_p".into(), json!(p));
+    }
+    if let Some(k) = req.top_k {
+        out.insert("top_k".into(), json!(k));
+    }
+    if !req.stop.is_empty() {
+        out.insert("stop_sequences".into(), json!(req.stop));
+    }
+    if let Some(r) = &req.reasoning {
+        let budget = r.budget.unwrap_or(match r.effort.as_deref() {
+            Some("minimal" | "low") => 2048,
+            Some("high" | "xhigh") => 16_384,
+            _ => 8192,
+        });
+        // The budget must stay under max_tokens and at 1024 or more.
+        let budget = budget.min(max_tokens.saturating_sub(1));
+        if budget >= 1024 {
+            out.insert("thinking".into(), json!({"type": "enabled", "budget_tokens": budget}));
+        } else {
+            req.drop_note("reasoning (max_tokens too small for a thinking budget)");
+        }
+    }
+    if let Some(user) = &req.user {
+        out.insert("metadata".into(), json!({"user_id": user}));
+    }
+    if req.stream {
+        out.insert("stream".into(), json!(true));
+    }
+    Value::Object(out)
+}
+
+fn stop_of(reason: &str, sequence: Option<&str>) -> Stop {
+    match reason {
+        "max_tokens" | "model_context_window_exceeded" => Stop::Length,
+        "tool_use" => Stop::ToolUse,
+        "stop_sequence" => Stop::Sequence(sequence.map(str::to_owned)),
+        "refusal" => Stop::Filtered,
+        _ => Stop::End,
+    }
+}
+
+fn stop_reason(stop: &Stop) -> (&'static str, Value) {
+    match stop {
+        Stop::End => ("end_turn", Value::Null),
+        Stop::Length => ("max_tokens", Value::Null),
+        Stop::ToolUse => ("tool_use", Value::Null),
+        Stop::Sequence(s) => ("stop_sequence", s.as_ref().map_or(Value::Null, |s| json!(s))),
+        Stop::Filtered => ("refusal", Value::Null),
+    }
+}
+
+fn usage_of(u: &Value) -> Usage {
+    let cached = u["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    let written = u["cache_creation_input_tokens"].as_u64().unwrap_or(0);
+    Usage {
+        input: u["input_tokens"].as_u64().unwrap_or(0) + cached + written,
+        output: u["output_tokens"].as_u64().unwrap_or(0),
+        cached,
+        cache_written: written,
+        reasoning: 0,
+    }
+}
+
+fn usage_value(u: &Usage) -> Value {
+    json!({"input_tokens": u.input.saturating_sub(u.cached + u.cache_written), "output_tokens": u.output,
+        "cache_read_input_tokens": u.cached, "cache_creation_input_tokens": u.cache_written})
+}
+
+/// Reads a messages answer.
+pub fn read_answer(v: &Value) -> Option<Reply> {
+    let content = v["content"].as_array()?;
+    let mut parts = Vec::with_capacity(content.len());
+    for b in content {
+        match b["type"].as_str() {
+            Some("text") => parts.push(Part::Text(b["text"].as_str().unwrap_or_default().to_owned())),
+            Some("thinking") => parts.push(Part::Reasoning {
+                text: b["thinking"].as_str().unwrap_or_default().to_owned(),
+                opaque: Some(Opaque { from: Protocol::Anthropic, value: b.clone() }),
+            }),
+            Some("redacted_thinking") => parts.push(Part::Reasoning {
+                text: String::new(),
+                opaque: Some(Opaque { from: Protocol::Anthropic, value: b.clone() }),
+            }),
+            Some("tool_use") => parts.push(Part::ToolCall(ToolCall {
+                id: b["id"].as_str().unwrap_or_default().to_owned(),
+                name: b["name"].as_str().unwrap_or_default().to_owned(),
+                arguments: b.get("input").map_or_else(|| "{}".to_owned(), Value::to_string),
+                custom: false,
+            })),
+            _ => {}
+        }
+    }
+    Some(Reply {
+        id: v["id"].as_str().unwrap_or_default().to_owned(),
+        model: v["model"].as_str().unwrap_or_default().to_owned(),
+        parts,
+        stop: stop_of(v["stop_reason"].as_str().unwrap_or("end_turn"), v["stop_sequence"].as_str()),
+        usage: usage_of(&v["usage"]),
+    })
+}
+
+/// The `msg_` id Anthropic clients expect.
+fn message_id(id: &str) -> String {
+    if id.starts_with("msg_") { id.to_owned() } else { format!("msg_{}", id.trim_start_matches("chatcmpl-")) }
+}
+
+/// Writes a messages answer (`reasoning`: the client asked for thinking).
+pub fn write_answer(reply: &Reply, reasoning: bool) -> Value {
+    let mut content = Vec::with_capacity(reply.parts.len());
+    for p in &reply.parts {
+        match p {
+            Part::Text(t) => content.push(json!({"type": "text", "text": t})),
+            Part::Reasoning { text, opaque } if reasoning && !text.is_empty() => {
+                let signature = match opaque {
+                    Some(o) if o.from == Protocol::Anthropic => o.value["signature"].clone(),
+                    _ => json!(TRANSLATED_SIGNATURE),
+                };
+                content.push(json!({"type": "thinking", "thinking": text, "signature": signature}));
+            }
+            Part::ToolCall(c) => {
+                let input = serde_json::from_str::<Value>(&c.arguments).unwrap_or_else(|_| json!({}));
+                content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+            }
+            _ => {}
+        }
+    }
+    let (reason, sequence) = stop_reason(&reply.stop);
+    json!({"id": message_id(&reply.id), "type": "message", "role": "assistant", "model": reply.model,
+        "content": content, "stop_reason": reason, "stop_sequence": sequence, "usage": usage_value(&reply.usage)})
+}
+
+/// Messages events into deltas.
+#[derive(Debug, Default)]
+pub struct Reader {
+    /// Block index → tool call (its deltas are argument pieces).
+    tools: Vec<u32>,
+}
+
+impl Reader {
+    /// Reads one event.
+    pub fn read(&mut self, name: Option<&str>, data: &str, out: &mut Vec<Delta>) {
+        let Ok(v) = serde_json::from_str::<Value>(data) else { return };
+        let kind = v["type"].as_str().or(name).unwrap_or_default();
+        match kind {
+            "message_start" => {
+                let m = &v["message"];
+                out.push(Delta::Start {
+                    id: m["id"].as_str().unwrap_or_default().to_owned(),
+                    model: m["model"].as_str().unwrap_or_default().to_owned(),
+                });
+                out.push(Delta::Usage(usage_of(&m["usage"])));
+            }
+            "content_block_start" => {
+                let index = v["index"].as_u64().unwrap_or(0) as u32;
+                let b = &v["content_block"];
+                match b["type"].as_str() {
+                    Some("tool_use") => {
+                        self.tools.push(index);
+                        out.push(Delta::ToolCall {
+                            index,
+                            id: b["id"].as_str().unwrap_or_default().to_owned(),
+                            name: b["name"].as_str().unwrap_or_default().to_owned(),
+                        });
+                    }
+                    Some("text") => {
+                        if let Some(t) = b["text"].as_str().filter(|t| !t.is_empty()) {
+                            out.push(Delta::Text(t.to_owned()));
+                        }
+                    }
+                    Some("redacted_thinking") => {
+                        out.push(Delta::Opaque(Opaque { from: Protocol::Anthropic, value: b.clone() }))
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_delta" => {
+                let index = v["index"].as_u64().unwrap_or(0) as u32;
+                let d = &v["delta"];
+                match d["type"].as_str() {
+                    Some("text_delta") => out.push(Delta::Text(d["text"].as_str().unwrap_or_default().to_owned())),
+                    Some("thinking_delta") => {
+                        out.push(Delta::Reasoning(d["thinking"].as_str().unwrap_or_default().to_owned()))
+                    }
+                    Some("signature_delta") => out.push(Delta::Opaque(Opaque {
+                        from: Protocol::Anthropic,
+                        value: json!({"signature": d["signature"]}),
+                    })),
+                    Some("input_json_delta") if self.tools.contains(&index) => out.push(Delta::ToolArgs {
+                        index,
+                        args: d["partial_json"].as_str().unwrap_or_default().to_owned(),
+                    }),
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = v["delta"]["stop_reason"].as_str() {
+                    out.push(Delta::Stop(stop_of(reason, v["delta"]["stop_sequence"].as_str())));
+                }
+                if v["usage"].is_object() {
+                    out.push(Delta::Usage(usage_of(&v["usage"])));
+                }
+            }
+            "message_stop" => out.push(Delta::Done),
+            "error" => out.push(Delta::Error {
+                status: crate::protocol::error_status(data.as_bytes()),
+                message: v["error"]["message"].as_str().unwrap_or("upstream error").to_owned(),
+            }),
+            _ => {}
+        }
+    }
+}
+
+/// The block a [`Writer`] has open.
+#[derive(Debug, PartialEq)]
+enum Open {
+    None,
+    Text,
+    Thinking,
+}
+
+/// Deltas into messages events.
+#[derive(Debug)]
+pub struct Writer {
+    /// The client asked for thinking.
+    reasoning: bool,
+    id: String,
+    model: String,
+    started: bool,
+    open: Open,
+    next: u32,
+    /// Tool calls, reassembled: (provider index, id, name, arguments).
+    calls: Vec<(u32, String, String, String)>,
+    usage: Usage,
+    stop: Option<Stop>,
+    done: bool,
+}
+
+impl Writer {
+    /// A writer for a client that asked (or not) for thinking.
+    pub fn new(reasoning: bool) -> Self {
+        Self {
+            reasoning,
+            id: String::new(),
+            model: String::new(),
+            started: false,
+            open: Open::None,
+            next: 0,
+            calls: Vec::new(),
+            usage: Usage::default(),
+            stop: None,
+            done: false,
+        }
+    }
+
+    fn event(name: &str, v: &Value, out: &mut BytesMut) {
+        out.put_slice(&sse_event(Some(name), v.to_string().as_bytes()));
+    }
+
+    fn start(&mut self, out: &mut BytesMut) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        if self.id.is_empty() {
+            self.id = format!("msg_{}", uuid::Uuid::now_v7().simple());
+        }
+        let message = json!({"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": self.usage.input.saturating_sub(self.usage.cached + self.usage.cache_written),
+                "output_tokens": 0, "cache_read_input_tokens": self.usage.cached,
+                "cache_creation_input_tokens": self.usage.cache_written}});
+        Self::event("message_start", &json!({"type": "message_start", "message": message}), out);
+    }
+
+    fn open(&mut self, want: Open, out: &mut BytesMut) {
+        self.start(out);
+        if self.open == want {
+            return;
+        }
+        self.close(out);
+        let block = match want {
+            Open::Text => json!({"type": "text", "text": ""}),
+            Open::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            Open::None => return,
+        };
+        Self::event("content_block_start", &json!({"type": "content_block_start", "index": self.next, "content_block": block}), out);
+        self.open = want;
+    }
+
+    fn close(&mut self, out: &mut BytesMut) {
+        if self.open == Open::None {
+            return;
+        }
+        if self.open == Open::Thinking {
+            let d = json!({"type": "signature_delta", "signature": TRANSLATED_SIGNATURE});
+            Self::event("content_block_delta", &json!({"type": "content_block_delta", "index": self.next, "delta": d}), out);
+        }
+        Self::event("content_block_stop", &json!({"type": "content_block_stop", "index": self.next}), out);
+        self.next += 1;
+        self.open = Open::None;
+    }
+
+    /// Writes one delta.
+    pub fn write(&mut self, delta: Delta, out: &mut BytesMut) {
+        if self.done {
+            return;
+        }
+        match delta {
+            Delta::Start { id, model } => {
+                if !self.started {
+                    self.id = message_id(&id);
+                    self.model = model;
+                }
+            }
+            Delta::Text(text) => {
+                self.open(Open::Text, out);
+                let d = json!({"type": "text_delta", "text": text});
+                Self::event("content_block_delta", &json!({"type": "content_block_delta", "index": self.next, "delta": d}), out);
+            }
+            Delta::Reasoning(text) if self.reasoning => {
+                self.open(Open::Thinking, out);
+                let d = json!({"type": "thinking_delta", "thinking": text});
+                Self::event("content_block_delta", &json!({"type": "content_block_delta", "index": self.next, "delta": d}), out);
+            }
+            Delta::Reasoning(_) | Delta::Opaque(_) => {}
+            Delta::ToolCall { index, id, name } => self.calls.push((index, id, name, String::new())),
+            Delta::ToolArgs { index, args } => {
+                if let Some(call) = self.calls.iter_mut().find(|c| c.0 == index) {
+                    call.3.push_str(&args);
+                }
+            }
+            Delta::Usage(u) => {
+                let merge = |new: u64, old: u64| if new > 0 { new } else { old };
+                self.usage = Usage {
+                    input: merge(u.input, self.usage.input),
+                    output: merge(u.output, self.usage.output),
+                    cached: merge(u.cached, self.usage.cached),
+                    cache_written: merge(u.cache_written, self.usage.cache_written),
+                    reasoning: merge(u.reasoning, self.usage.reasoning),
+                };
+            }
+            Delta::Stop(stop) => self.stop = Some(stop),
+            Delta::Done => self.finish(out),
+            Delta::Error { status, message } => self.fail(crate::protocol::kind_of_status(status), &message, out),
+        }
+    }
+
+    /// The end: open block closed, tool calls written whole,
+    /// `message_delta` with the stop reason and usage, `message_stop`.
+    pub fn finish(&mut self, out: &mut BytesMut) {
+        if self.done {
+            return;
+        }
+        self.start(out);
+        self.close(out);
+        for (_, id, name, args) in std::mem::take(&mut self.calls) {
+            let block = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
+            Self::event("content_block_start", &json!({"type": "content_block_start", "index": self.next, "content_block": block}), out);
+            let args = if args.trim().is_empty() { "{}".to_owned() } else { args };
+            let d = json!({"type": "input_json_delta", "partial_json": args});
+            Self::event("content_block_delta", &json!({"type": "content_block_delta", "index": self.next, "delta": d}), out);
+            Self::event("content_block_stop", &json!({"type": "content_block_stop", "index": self.next}), out);
+            self.next += 1;
+            self.stop.get_or_insert(Stop::ToolUse);
+        }
+        self.done = true;
+        let (reason, sequence) = stop_reason(&self.stop.take().unwrap_or_default());
+        let usage = usage_value(&self.usage);
+        Self::event(
+            "message_delta",
+            &json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage}),
+            out,
+        );
+        Self::event("message_stop", &json!({"type": "message_stop"}), out);
+    }
+
+    /// A failure told in Anthropic's words: `event: error`, nothing after.
+    pub fn fail(&mut self, kind: ErrorKind, message: &str, out: &mut BytesMut) {
+        if !self.done {
+            self.done = true;
+            out.put_slice(&super::error_event(kind, message));
+        }
+    }
+}

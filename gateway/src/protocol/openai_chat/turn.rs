@@ -1,0 +1,625 @@
+//! Chat completions read into and written from [`crate::protocol::turn`]:
+//! requests both ways, answers both ways, stream chunks into deltas
+//! ([`Reader`]) and deltas into chunks ([`Writer`]).
+//!
+//! Written requests send `max_tokens` (what every chat-compatible provider
+//! takes; OpenAI's own still accepts it for non-reasoning models) and ask
+//! for usage in streams (`stream_options.include_usage`); the client's
+//! stream gets the usage chunk only if it asked for it.
+
+use bytes::{BufMut, BytesMut};
+use serde_json::{Map, Value, json};
+
+use crate::protocol::events::sse_event;
+use crate::protocol::turn::{
+    Delta, Image, Message, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
+    custom_tool_schema,
+};
+use crate::protocol::{ErrorKind, Protocol};
+
+/// Why a request cannot be translated: the field and the reason.
+pub type Refusal = String;
+
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => {
+            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("")
+        }
+        _ => String::new(),
+    }
+}
+
+fn parts_of(content: &Value, at: &str) -> Result<Vec<Part>, Refusal> {
+    match content {
+        Value::Null => Ok(Vec::new()),
+        Value::String(s) => Ok(vec![Part::Text(s.clone())]),
+        Value::Array(items) => {
+            let mut parts = Vec::with_capacity(items.len());
+            for (j, item) in items.iter().enumerate() {
+                match item.get("type").and_then(Value::as_str) {
+                    Some("text") => parts.push(Part::Text(item["text"].as_str().unwrap_or_default().to_owned())),
+                    Some("image_url") => {
+                        let url = item["image_url"].get("url").and_then(Value::as_str).or(item["image_url"].as_str());
+                        let Some(url) = url else { return Err(format!("{at}.content[{j}].image_url: no url")) };
+                        parts.push(Part::Image(Image::from_url(url)));
+                    }
+                    // A refusal the model gave earlier reads as its text.
+                    Some("refusal") => {
+                        parts.push(Part::Text(item["refusal"].as_str().unwrap_or_default().to_owned()))
+                    }
+                    other => {
+                        return Err(format!(
+                            "{at}.content[{j}]: a {} part cannot be translated for this model's target",
+                            other.unwrap_or("untyped")
+                        ));
+                    }
+                }
+            }
+            Ok(parts)
+        }
+        _ => Err(format!("{at}.content: must be a string or an array")),
+    }
+}
+
+/// Reads a chat-completions request.
+pub fn read_request(v: &Value) -> Result<Request, Refusal> {
+    let mut req = Request { stream: v["stream"].as_bool().unwrap_or(false), ..Request::default() };
+    if v.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+        return Err("n: more than one choice cannot be translated for this model's target".into());
+    }
+    if let Some(format) = v.get("response_format").and_then(|f| f["type"].as_str()).filter(|t| *t != "text") {
+        return Err(format!("response_format: {format:?} cannot be translated for this model's target"));
+    }
+    let messages = v["messages"].as_array().ok_or_else(|| "messages: must be an array".to_owned())?;
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        match m["role"].as_str() {
+            Some("system" | "developer") => req.system.push(text_of(&m["content"])),
+            Some("user") => push(&mut req.messages, Role::User, parts_of(&m["content"], &at)?),
+            Some("assistant") => {
+                let mut parts = Vec::new();
+                let reasoning = m.get("reasoning_content").or_else(|| m.get("reasoning")).and_then(Value::as_str);
+                if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+                    parts.push(Part::Reasoning { text: text.to_owned(), opaque: None });
+                }
+                parts.extend(parts_of(&m["content"], &at)?);
+                for (j, call) in m["tool_calls"].as_array().into_iter().flatten().enumerate() {
+                    let id = call["id"].as_str().unwrap_or_default().to_owned();
+                    let call = match call["type"].as_str() {
+                        Some("custom") => ToolCall {
+                            id,
+                            name: call["custom"]["name"].as_str().unwrap_or_default().to_owned(),
+                            arguments: json!({"input": call["custom"]["input"].as_str().unwrap_or_default()})
+                                .to_string(),
+                            custom: true,
+                        },
+                        _ => {
+                            let f = &call["function"];
+                            let Some(name) = f["name"].as_str() else {
+                                return Err(format!("{at}.tool_calls[{j}].function.name: missing"));
+                            };
+                            ToolCall {
+                                id,
+                                name: name.to_owned(),
+                                arguments: f["arguments"].as_str().unwrap_or("{}").to_owned(),
+                                custom: false,
+                            }
+                        }
+                    };
+                    parts.push(Part::ToolCall(call));
+                }
+                push(&mut req.messages, Role::Assistant, parts);
+            }
+            Some("tool") => {
+                let call_id = m["tool_call_id"].as_str().unwrap_or_default().to_owned();
+                let content = parts_of(&m["content"], &at)?;
+                push(&mut req.messages, Role::User, vec![Part::ToolResult { call_id, content, is_error: false }]);
+            }
+            other => return Err(format!("{at}.role: {other:?} cannot be translated")),
+        }
+    }
+    for (i, t) in v["tools"].as_array().into_iter().flatten().enumerate() {
+        match t["type"].as_str() {
+            Some("function") | None => {
+                let f = &t["function"];
+                let Some(name) = f["name"].as_str() else { return Err(format!("tools[{i}].function.name: missing")) };
+                req.tools.push(Tool {
+                    name: name.to_owned(),
+                    description: f["description"].as_str().map(str::to_owned),
+                    parameters: f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"})),
+                    custom: false,
+                });
+            }
+            Some("custom") => req.tools.push(Tool {
+                name: t["custom"]["name"].as_str().unwrap_or_default().to_owned(),
+                description: t["custom"]["description"].as_str().map(str::to_owned),
+                parameters: custom_tool_schema(),
+                custom: true,
+            }),
+            Some(other) => req.drop_note(format!("tool {other}")),
+        }
+    }
+    req.tool_choice = match &v["tool_choice"] {
+        Value::String(s) if s == "auto" => Some(ToolChoice::Auto),
+        Value::String(s) if s == "none" => Some(ToolChoice::None),
+        Value::String(s) if s == "required" => Some(ToolChoice::Required),
+        Value::Object(o) => {
+            let name = o.get("function").or_else(|| o.get("custom")).and_then(|f| f["name"].as_str());
+            match name {
+                Some(name) if req.tools.iter().any(|t| t.name == name) => Some(ToolChoice::Named(name.to_owned())),
+                _ => return Err("tool_choice: names a tool this model's target does not offer".into()),
+            }
+        }
+        _ => None,
+    };
+    req.parallel_tool_calls = v["parallel_tool_calls"].as_bool();
+    req.max_tokens = v["max_completion_tokens"].as_u64().or(v["max_tokens"].as_u64());
+    req.temperature = v["temperature"].as_f64();
+    req.top_p = v["top_p"].as_f64();
+    req.stop = match &v["stop"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+        _ => Vec::new(),
+    };
+    if let Some(effort) = v["reasoning_effort"].as_str() {
+        req.reasoning = Some(Reasoning { effort: Some(effort.to_owned()), budget: None });
+    }
+    req.user = v["user"].as_str().map(str::to_owned);
+    Ok(req)
+}
+
+/// Appends parts as a message of `role`, merged into the last one if it
+/// has the same role (the protocols differ on consecutive turns).
+pub(crate) fn push(messages: &mut Vec<Message>, role: Role, parts: Vec<Part>) {
+    match messages.last_mut() {
+        Some(last) if last.role == role => last.parts.extend(parts),
+        _ => messages.push(Message { role, parts }),
+    }
+}
+
+fn content_value(parts: &[&Part]) -> Value {
+    if parts.iter().all(|p| matches!(p, Part::Text(_))) {
+        let text: String = parts.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
+        return Value::String(text);
+    }
+    let items: Vec<Value> = parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text(t) => Some(json!({"type": "text", "text": t})),
+            Part::Image(image) => Some(json!({"type": "image_url", "image_url": {"url": image.url()}})),
+            _ => None,
+        })
+        .collect();
+    Value::Array(items)
+}
+
+/// Writes a chat-completions request for `model`; what chat cannot carry
+/// is noted in `req.dropped`.
+pub fn write_request(req: &mut Request, model: &str) -> Value {
+    let mut messages = Vec::with_capacity(req.messages.len() + 1);
+    for text in &req.system {
+        messages.push(json!({"role": "system", "content": text}));
+    }
+    let mut dropped = Vec::new();
+    for m in &req.messages {
+        match m.role {
+            Role::User => {
+                let mut plain: Vec<&Part> = Vec::new();
+                for p in &m.parts {
+                    match p {
+                        Part::ToolResult { call_id, content, is_error } => {
+                            let mut text = String::new();
+                            for c in content {
+                                match c {
+                                    Part::Text(t) => text.push_str(t),
+                                    _ => dropped.push("image in a tool result"),
+                                }
+                            }
+                            if *is_error && !text.starts_with("Error") {
+                                text.insert_str(0, "Error: ");
+                            }
+                            messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": text}));
+                        }
+                        Part::Text(_) | Part::Image(_) => plain.push(p),
+                        Part::Reasoning { .. } | Part::ToolCall(_) => {}
+                    }
+                }
+                if !plain.is_empty() {
+                    messages.push(json!({"role": "user", "content": content_value(&plain)}));
+                }
+            }
+            Role::Assistant => {
+                let mut text = String::new();
+                let mut calls = Vec::new();
+                for p in &m.parts {
+                    match p {
+                        Part::Text(t) => text.push_str(t),
+                        Part::ToolCall(c) => calls.push(json!({"id": c.id, "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments}})),
+                        Part::Reasoning { opaque: Some(o), .. } => dropped.push(opaque_name(o.from)),
+                        Part::Reasoning { opaque: None, .. } => dropped.push("earlier reasoning text"),
+                        Part::Image(_) => dropped.push("image in an assistant turn"),
+                        Part::ToolResult { .. } => {}
+                    }
+                }
+                let mut msg = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) }});
+                if !calls.is_empty() {
+                    msg["tool_calls"] = Value::Array(calls);
+                }
+                messages.push(msg);
+            }
+        }
+    }
+    for d in dropped {
+        req.drop_note(d);
+    }
+    let mut out = Map::new();
+    out.insert("model".into(), json!(model));
+    out.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| {
+                let mut f = json!({"name": t.name, "parameters": t.parameters});
+                if let Some(d) = &t.description {
+                    f["description"] = json!(d);
+                }
+                json!({"type": "function", "function": f})
+            })
+            .collect();
+        out.insert("tools".into(), Value::Array(tools));
+        if let Some(p) = req.parallel_tool_calls {
+            out.insert("parallel_tool_calls".into(), json!(p));
+        }
+    }
+    if let Some(choice) = &req.tool_choice {
+        let choice = match choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Named(name) => json!({"type": "function", "function": {"name": name}}),
+        };
+        out.insert("tool_choice".into(), choice);
+    }
+    if let Some(n) = req.max_tokens {
+        out.insert("max_tokens".into(), json!(n));
+    }
+    if let Some(t) = req.temperature {
+        out.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = req.top_p {
+        out.insert("top_p".into(), json!(p));
+    }
+    if req.top_k.is_some() {
+        req.drop_note("top_k");
+    }
+    if !req.stop.is_empty() {
+        out.insert("stop".into(), json!(req.stop));
+    }
+    if let Some(effort) = req.reasoning.as_ref().map(effort_of) {
+        out.insert("reasoning_effort".into(), json!(effort));
+    }
+    if let Some(user) = &req.user {
+        out.insert("user".into(), json!(user));
+    }
+    if req.stream {
+        out.insert("stream".into(), json!(true));
+        out.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    Value::Object(out)
+}
+
+/// The effort a reasoning request stands for (a budget as the nearest).
+pub(crate) fn effort_of(r: &Reasoning) -> String {
+    match (&r.effort, r.budget) {
+        (Some(e), _) => e.clone(),
+        (None, Some(b)) if b <= 4096 => "low".into(),
+        (None, Some(b)) if b <= 16_384 => "medium".into(),
+        (None, _) => "high".into(),
+    }
+}
+
+fn opaque_name(from: Protocol) -> &'static str {
+    match from {
+        Protocol::Anthropic => "thinking signature",
+        Protocol::OpenAiResponses => "encrypted reasoning",
+        Protocol::OpenAiChat => "reasoning state",
+    }
+}
+
+/// The stop a `finish_reason` stands for.
+fn stop_of(reason: &str) -> Stop {
+    match reason {
+        "length" => Stop::Length,
+        "tool_calls" | "function_call" => Stop::ToolUse,
+        "content_filter" => Stop::Filtered,
+        _ => Stop::End,
+    }
+}
+
+fn finish_reason(stop: &Stop) -> &'static str {
+    match stop {
+        Stop::End | Stop::Sequence(_) => "stop",
+        Stop::Length => "length",
+        Stop::ToolUse => "tool_calls",
+        Stop::Filtered => "content_filter",
+    }
+}
+
+fn usage_of(u: &Value) -> Usage {
+    Usage {
+        input: u["prompt_tokens"].as_u64().unwrap_or(0),
+        output: u["completion_tokens"].as_u64().unwrap_or(0),
+        cached: u["prompt_tokens_details"]["cached_tokens"].as_u64().or(u["prompt_cache_hit_tokens"].as_u64()).unwrap_or(0),
+        cache_written: 0,
+        reasoning: u["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap_or(0),
+    }
+}
+
+fn usage_value(u: &Usage) -> Value {
+    json!({"prompt_tokens": u.input, "completion_tokens": u.output, "total_tokens": u.input + u.output,
+        "prompt_tokens_details": {"cached_tokens": u.cached},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning}})
+}
+
+/// Reads a chat-completions answer.
+pub fn read_answer(v: &Value) -> Option<Reply> {
+    let choice = v["choices"].get(0)?;
+    let m = &choice["message"];
+    let mut parts = Vec::new();
+    let reasoning = m.get("reasoning_content").or_else(|| m.get("reasoning")).and_then(Value::as_str);
+    if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+        parts.push(Part::Reasoning { text: text.to_owned(), opaque: None });
+    }
+    if let Some(text) = m["content"].as_str().filter(|t| !t.is_empty()) {
+        parts.push(Part::Text(text.to_owned()));
+    }
+    for call in m["tool_calls"].as_array().into_iter().flatten() {
+        parts.push(Part::ToolCall(ToolCall {
+            id: call["id"].as_str().unwrap_or_default().to_owned(),
+            name: call["function"]["name"].as_str().unwrap_or_default().to_owned(),
+            arguments: call["function"]["arguments"].as_str().unwrap_or("{}").to_owned(),
+            custom: false,
+        }));
+    }
+    let mut stop = stop_of(choice["finish_reason"].as_str().unwrap_or("stop"));
+    if stop == Stop::End && parts.iter().any(|p| matches!(p, Part::ToolCall(_))) {
+        stop = Stop::ToolUse;
+    }
+    Some(Reply {
+        id: v["id"].as_str().unwrap_or_default().to_owned(),
+        model: v["model"].as_str().unwrap_or_default().to_owned(),
+        parts,
+        stop,
+        usage: usage_of(&v["usage"]),
+    })
+}
+
+/// Writes a chat-completions answer (`reasoning`: the client asked for it).
+pub fn write_answer(reply: &Reply, reasoning: bool) -> Value {
+    let mut text = String::new();
+    let mut thought = String::new();
+    let mut calls = Vec::new();
+    for p in &reply.parts {
+        match p {
+            Part::Text(t) => text.push_str(t),
+            Part::Reasoning { text, .. } => thought.push_str(text),
+            Part::ToolCall(c) => calls.push(
+                json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}),
+            ),
+            Part::Image(_) | Part::ToolResult { .. } => {}
+        }
+    }
+    let mut message = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) }});
+    if reasoning && !thought.is_empty() {
+        message["reasoning_content"] = json!(thought);
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+    }
+    json!({"id": chat_id(&reply.id), "object": "chat.completion", "created": now(), "model": reply.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(&reply.stop)}],
+        "usage": usage_value(&reply.usage)})
+}
+
+fn chat_id(id: &str) -> String {
+    if id.starts_with("chatcmpl") { id.to_owned() } else { format!("chatcmpl-{id}") }
+}
+
+fn now() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+/// Chat chunks into deltas.
+#[derive(Debug, Default)]
+pub struct Reader {
+    started: bool,
+    calls: Vec<u32>,
+    stopped: bool,
+}
+
+impl Reader {
+    /// Reads one event's data.
+    pub fn read(&mut self, data: &str, out: &mut Vec<Delta>) {
+        if data.trim() == "[DONE]" {
+            out.push(Delta::Done);
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else { return };
+        if let Some(err) = v.get("error") {
+            let message = err["message"].as_str().map_or_else(|| err.to_string(), str::to_owned);
+            out.push(Delta::Error { status: crate::protocol::error_status(data.as_bytes()), message });
+            return;
+        }
+        if !self.started {
+            self.started = true;
+            out.push(Delta::Start {
+                id: v["id"].as_str().unwrap_or_default().to_owned(),
+                model: v["model"].as_str().unwrap_or_default().to_owned(),
+            });
+        }
+        if let Some(choice) = v["choices"].get(0) {
+            let d = &choice["delta"];
+            let reasoning = d.get("reasoning_content").or_else(|| d.get("reasoning")).and_then(Value::as_str);
+            if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+                out.push(Delta::Reasoning(text.to_owned()));
+            }
+            if let Some(text) = d["content"].as_str().filter(|t| !t.is_empty()) {
+                out.push(Delta::Text(text.to_owned()));
+            }
+            for (k, call) in d["tool_calls"].as_array().into_iter().flatten().enumerate() {
+                let index = call["index"].as_u64().map_or(k as u32, |i| i as u32);
+                if !self.calls.contains(&index) {
+                    self.calls.push(index);
+                    out.push(Delta::ToolCall {
+                        index,
+                        id: call["id"].as_str().unwrap_or_default().to_owned(),
+                        name: call["function"]["name"].as_str().unwrap_or_default().to_owned(),
+                    });
+                }
+                if let Some(args) = call["function"]["arguments"].as_str().filter(|a| !a.is_empty()) {
+                    out.push(Delta::ToolArgs { index, args: args.to_owned() });
+                }
+            }
+            if let Some(reason) = choice["finish_reason"].as_str()
+                && !self.stopped
+            {
+                self.stopped = true;
+                let stop = stop_of(reason);
+                let stop = if stop == Stop::End && !self.calls.is_empty() { Stop::ToolUse } else { stop };
+                out.push(Delta::Stop(stop));
+            }
+        }
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            out.push(Delta::Usage(usage_of(u)));
+        }
+    }
+}
+
+/// Deltas into chat chunks.
+#[derive(Debug)]
+pub struct Writer {
+    id: String,
+    model: String,
+    created: i64,
+    /// The client asked for a usage chunk.
+    include_usage: bool,
+    /// The client asked for reasoning.
+    reasoning: bool,
+    started: bool,
+    /// Provider call index → the client's (in order of appearance).
+    calls: Vec<u32>,
+    usage: Option<Usage>,
+    stop: Option<Stop>,
+    done: bool,
+}
+
+impl Writer {
+    /// A writer for a client that asked (or not) for usage and reasoning.
+    pub fn new(include_usage: bool, reasoning: bool) -> Self {
+        Self {
+            id: String::new(),
+            model: String::new(),
+            created: now(),
+            include_usage,
+            reasoning,
+            started: false,
+            calls: Vec::new(),
+            usage: None,
+            stop: None,
+            done: false,
+        }
+    }
+
+    fn chunk(&self, delta: Value, finish: Option<&str>, out: &mut BytesMut) {
+        let chunk = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        out.put_slice(&sse_event(None, chunk.to_string().as_bytes()));
+    }
+
+    fn start(&mut self, out: &mut BytesMut) {
+        if !self.started {
+            self.started = true;
+            if self.id.is_empty() {
+                self.id = format!("chatcmpl-{}", uuid::Uuid::now_v7().simple());
+            }
+            self.chunk(json!({"role": "assistant", "content": ""}), None, out);
+        }
+    }
+
+    /// Writes one delta.
+    pub fn write(&mut self, delta: Delta, out: &mut BytesMut) {
+        if self.done {
+            return;
+        }
+        match delta {
+            Delta::Start { id, model } => {
+                if !self.started {
+                    self.id = chat_id(&id);
+                    self.model = model;
+                }
+                self.start(out);
+            }
+            Delta::Text(text) => {
+                self.start(out);
+                self.chunk(json!({"content": text}), None, out);
+            }
+            Delta::Reasoning(text) if self.reasoning => {
+                self.start(out);
+                self.chunk(json!({"reasoning_content": text}), None, out);
+            }
+            Delta::Reasoning(_) | Delta::Opaque(_) => {}
+            Delta::ToolCall { index, id, name } => {
+                self.start(out);
+                let at = self.calls.len();
+                self.calls.push(index);
+                self.chunk(
+                    json!({"tool_calls": [{"index": at, "id": id, "type": "function",
+                        "function": {"name": name, "arguments": ""}}]}),
+                    None,
+                    out,
+                );
+            }
+            Delta::ToolArgs { index, args } => {
+                let Some(at) = self.calls.iter().position(|i| *i == index) else { return };
+                self.chunk(json!({"tool_calls": [{"index": at, "function": {"arguments": args}}]}), None, out);
+            }
+            Delta::Usage(u) => self.usage = Some(u),
+            Delta::Stop(stop) => self.stop = Some(stop),
+            Delta::Done => self.finish(out),
+            Delta::Error { status, message } => {
+                self.done = true;
+                out.put_slice(&super::error_event(crate::protocol::kind_of_status(status), &message));
+            }
+        }
+    }
+
+    /// The end: the finish chunk, usage if asked, `[DONE]` (once).
+    pub fn finish(&mut self, out: &mut BytesMut) {
+        if self.done {
+            return;
+        }
+        self.start(out);
+        self.done = true;
+        let stop = self.stop.take().unwrap_or_default();
+        self.chunk(json!({}), Some(finish_reason(&stop)), out);
+        if self.include_usage
+            && let Some(u) = &self.usage
+        {
+            let chunk = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [], "usage": usage_value(u)});
+            out.put_slice(&sse_event(None, chunk.to_string().as_bytes()));
+        }
+        out.put_slice(b"data: [DONE]\n\n");
+    }
+
+    /// A failure told in chat's words (nothing after it).
+    pub fn fail(&mut self, kind: ErrorKind, message: &str, out: &mut BytesMut) {
+        if !self.done {
+            self.done = true;
+            out.put_slice(&super::error_event(kind, message));
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Translation: a client's request to a target that speaks another
+//! protocol, and its answer back — once in, once out, through
+//! [`crate::protocol::turn`].
+//!
+//! ```text
+//! client body ─read─► turn::Request ─write─► target body
+//! target answer ─read─► turn::Reply / Delta ─write─► client answer
+//! ```
+//!
+//! Used only when a target does not speak the client's protocol; the
+//! same protocol on both sides never comes here (its bytes pass as they
+//! are). A request that cannot be said in the target's protocol is
+//! refused with the field named ([`request`] → `Err`); what is left out is
+//! declared ([`Back::dropped`]). Targets are reached over chat
+//! completions or Anthropic messages (every OpenAI-compatible upstream
+//! serves chat completions); clients may speak any of the three.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+
+use crate::protocol::turn::Delta;
+use crate::protocol::{ErrorKind, Protocol, anthropic, kind_of_status, openai_chat, openai_responses};
+
+/// How a request reaches a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    /// In the client's own protocol: its bytes, as they are.
+    Native,
+    /// Translated to this protocol.
+    Translate(Protocol),
+}
+
+/// What the answer's way back needs to know of the request.
+#[derive(Debug)]
+pub struct Back {
+    /// The client's protocol (the answer's).
+    pub client: Protocol,
+    /// The target's protocol (the upstream answer's).
+    pub target: Protocol,
+    /// The client asked for reasoning (else none is shown).
+    pub reasoning: bool,
+    /// Custom (freeform) tools, whose calls go back as custom calls.
+    pub custom: Vec<String>,
+    /// A chat client asked for a usage chunk.
+    pub include_usage: bool,
+    /// What the request lost on the way, in one line (declared).
+    pub dropped: Option<String>,
+}
+
+/// A request translated for one target.
+#[derive(Debug, Clone)]
+pub struct Translated {
+    /// The body to send.
+    pub body: Bytes,
+    /// What the answer needs.
+    pub back: Arc<Back>,
+}
+
+/// Translates a client's `body` (in `client`'s protocol) for a target
+/// speaking `target`, naming `model`; `Err` names what cannot be said.
+pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> Result<Translated, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+    let mut req = match client {
+        Protocol::OpenAiChat => openai_chat::turn::read_request(&v)?,
+        Protocol::OpenAiResponses => openai_responses::turn::read_request(&v)?,
+        Protocol::Anthropic => anthropic::turn::read_request(&v)?,
+    };
+    let out = match target {
+        Protocol::OpenAiChat => openai_chat::turn::write_request(&mut req, model),
+        Protocol::Anthropic => anthropic::turn::write_request(&mut req, model),
+        Protocol::OpenAiResponses => return Err("the Responses API is not reached by translation".into()),
+    };
+    let body = serde_json::to_vec(&out).map_err(|e| format!("translated body: {e}"))?;
+    let back = Back {
+        client,
+        target,
+        reasoning: req.reasoning.is_some(),
+        custom: req.custom_tools(),
+        include_usage: client == Protocol::OpenAiChat && v["stream_options"]["include_usage"].as_bool() == Some(true),
+        dropped: req.dropped_line(),
+    };
+    Ok(Translated { body: Bytes::from(body), back: Arc::new(back) })
+}
+
+/// Declares a translated answer in its headers: the protocols
+/// ([`headers::TRANSLATED`]) and what the request lost
+/// ([`headers::DROPPED`]).
+pub fn declare(back: &Back, headers: &mut http::HeaderMap) {
+    let via = format!("{}>{}", back.client.name(), back.target.name());
+    if let Ok(v) = http::HeaderValue::try_from(via) {
+        headers.insert(crate::headers::TRANSLATED, v);
+    }
+    if let Some(v) = back.dropped.as_deref().and_then(|d| http::HeaderValue::try_from(d).ok()) {
+        headers.insert(crate::headers::DROPPED, v);
+    }
+}
+
+/// A target's whole 2xx answer in the client's protocol; `Err` when the
+/// answer is not one the target's protocol can give.
+pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON: {e}"))?;
+    let reply = match back.target {
+        Protocol::OpenAiChat => openai_chat::turn::read_answer(&v),
+        Protocol::Anthropic => anthropic::turn::read_answer(&v),
+        Protocol::OpenAiResponses => None,
+    };
+    let reply = reply.ok_or_else(|| format!("the answer is not a {} answer", back.target.name()))?;
+    let out = match back.client {
+        Protocol::OpenAiChat => openai_chat::turn::write_answer(&reply, back.reasoning),
+        Protocol::OpenAiResponses => openai_responses::turn::write_answer(&reply, back.reasoning, &back.custom),
+        Protocol::Anthropic => anthropic::turn::write_answer(&reply, back.reasoning),
+    };
+    serde_json::to_vec(&out).map(Bytes::from).map_err(|e| e.to_string())
+}
+
+/// A target's error answer (`status`, `body`) in the client's shape: the
+/// same class (by status), the provider's message and code.
+pub fn error(back: &Back, status: u16, body: &[u8]) -> Bytes {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let err = v.get("error").unwrap_or(&v);
+    let message = match err.get("message").and_then(Value::as_str) {
+        Some(m) => m.to_owned(),
+        None => crate::classify::summary::summarize(body),
+    };
+    let code = err.get("code").and_then(|c| c.as_str().map(str::to_owned).or_else(|| c.as_u64().map(|n| n.to_string())));
+    let kind = match status {
+        200..=299 => kind_of_status(crate::protocol::error_status(body)),
+        _ => kind_of_status(status),
+    };
+    back.client.error_body(kind, &message, code.as_deref())
+}
+
+enum Reader {
+    Chat(openai_chat::turn::Reader),
+    Anthropic(anthropic::turn::Reader),
+}
+
+enum Writer {
+    Chat(openai_chat::turn::Writer),
+    Responses(openai_responses::turn::Writer),
+    Anthropic(anthropic::turn::Writer),
+}
+
+/// A target's SSE events into the client's, event by event: every
+/// translated stream opens, numbers and closes its blocks in the client's
+/// grammar, whatever the target sent, and ends with the client's terminal
+/// event or its error event.
+pub struct Stream {
+    reader: Reader,
+    writer: Writer,
+    deltas: Vec<Delta>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("translate::Stream")
+    }
+}
+
+impl Stream {
+    /// A translator for the way `back` describes (`None` for a target
+    /// protocol that is not reached by translation).
+    pub fn new(back: &Back) -> Option<Stream> {
+        let reader = match back.target {
+            Protocol::OpenAiChat => Reader::Chat(openai_chat::turn::Reader::default()),
+            Protocol::Anthropic => Reader::Anthropic(anthropic::turn::Reader::default()),
+            Protocol::OpenAiResponses => return None,
+        };
+        let writer = match back.client {
+            Protocol::OpenAiChat => Writer::Chat(openai_chat::turn::Writer::new(back.include_usage, back.reasoning)),
+            Protocol::OpenAiResponses => {
+                Writer::Responses(openai_responses::turn::Writer::new(back.reasoning, back.custom.clone()))
+            }
+            Protocol::Anthropic => Writer::Anthropic(anthropic::turn::Writer::new(back.reasoning)),
+        };
+        Some(Stream { reader, writer, deltas: Vec::new() })
+    }
+
+    /// Translates whole events (`bytes` ends at an event's end).
+    pub fn events(&mut self, bytes: &[u8]) -> Bytes {
+        let mut out = BytesMut::new();
+        each_event(bytes, |name, data| {
+            match &mut self.reader {
+                Reader::Chat(r) => r.read(data, &mut self.deltas),
+                Reader::Anthropic(r) => r.read(name, data, &mut self.deltas),
+            }
+            for delta in self.deltas.drain(..) {
+                match &mut self.writer {
+                    Writer::Chat(w) => w.write(delta, &mut out),
+                    Writer::Responses(w) => w.write(delta, &mut out),
+                    Writer::Anthropic(w) => w.write(delta, &mut out),
+                }
+            }
+        });
+        out.freeze()
+    }
+
+    /// The client's terminal events, if not yet sent: for a target that
+    /// finished its answer but ended without its own terminal event.
+    pub fn finish(&mut self) -> Bytes {
+        let mut out = BytesMut::new();
+        match &mut self.writer {
+            Writer::Chat(w) => w.finish(&mut out),
+            Writer::Responses(w) => w.finish(&mut out),
+            Writer::Anthropic(w) => w.finish(&mut out),
+        }
+        out.freeze()
+    }
+
+    /// A failure as the client's error event (nothing is written after).
+    pub fn fail(&mut self, kind: ErrorKind, message: &str) -> Bytes {
+        let mut out = BytesMut::new();
+        match &mut self.writer {
+            Writer::Chat(w) => w.fail(kind, message, &mut out),
+            Writer::Responses(w) => w.fail(kind, message, &mut out),
+            Writer::Anthropic(w) => w.fail(kind, message, &mut out),
+        }
+        out.freeze()
+    }
+}
+
+/// Calls `f(name, data)` for each whole SSE event in `bytes` (comments
+/// skipped, `data:` lines joined by `\n`, CRLF or LF).
+fn each_event(bytes: &[u8], mut f: impl FnMut(Option<&str>, &str)) {
+    let Ok(text) = std::str::from_utf8(bytes) else { return };
+    let mut name: Option<&str> = None;
+    let mut data = String::new();
+    let mut has_data = false;
+    for line in text.split('\n') {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() {
+            if has_data {
+                f(name, &data);
+            }
+            name = None;
+            data.clear();
+            has_data = false;
+            continue;
+        }
+        if line.starts_with(':') {
+            continue;
+        }
+        let (field, value) = line.split_once(':').map_or((line, ""), |(f, v)| (f, v.strip_prefix(' ').unwrap_or(v)));
+        match field {
+            "event" => name = Some(value),
+            "data" => {
+                if has_data {
+                    data.push('\n');
+                }
+                data.push_str(value);
+                has_data = true;
+            }
+            _ => {}
+        }
+    }
+    if has_data {
+        f(name, &data);
+    }
+}
