@@ -84,7 +84,8 @@ fn missing_environment_variable_is_named() {
 
 #[test]
 fn targets_of_one_alias_may_speak_different_protocols() {
-    let mixed = VALID.replace("targets: [{ upstream: b }]", "targets: [{ upstream: b }, { upstream: a, translate: false }]");
+    let mixed =
+        VALID.replace("targets: [{ upstream: b }]", "targets: [{ upstream: b }, { upstream: a, translate: false }]");
     assert_eq!(problems(&mixed), Vec::<String>::new());
     let config = Config::parse(&mixed, &|k| (k == "SET").then(|| "v".to_owned())).unwrap();
     let (_, route) = config.find_route("c").unwrap();

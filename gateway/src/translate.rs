@@ -124,7 +124,8 @@ pub fn error(back: &Back, status: u16, body: &[u8]) -> Bytes {
         Some(m) => m.to_owned(),
         None => crate::classify::summary::summarize(body),
     };
-    let code = err.get("code").and_then(|c| c.as_str().map(str::to_owned).or_else(|| c.as_u64().map(|n| n.to_string())));
+    let code =
+        err.get("code").and_then(|c| c.as_str().map(str::to_owned).or_else(|| c.as_u64().map(|n| n.to_string())));
     let kind = match status {
         200..=299 => kind_of_status(crate::protocol::error_status(body)),
         _ => kind_of_status(status),

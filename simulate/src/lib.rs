@@ -32,6 +32,7 @@ use tokio::time::Sleep;
 
 mod clouds;
 pub mod demo;
+pub mod turns;
 
 pub use clouds::{AwsKey, Clouds, GoogleAccount};
 
@@ -204,6 +205,12 @@ pub struct SimConfig {
     pub seed: u64,
     /// Credentials the cloud endpoints (Bedrock, Vertex, Azure) insist on.
     pub clouds: Clouds,
+    /// Serve chat completions (and embeddings) only, as most
+    /// OpenAI-compatible providers do: `/v1/responses` and `/v1/messages`
+    /// answer 404.
+    pub chat_only: bool,
+    /// Answers reason first (`reasoning_content`, thinking blocks).
+    pub reasoning: bool,
 }
 
 /// Named fault scenarios (`tidegate simulate --scenario NAME`, the demo,
@@ -502,6 +509,14 @@ impl SimState {
 /// following the behaviour configured for its model.
 async fn serve(state: Arc<SimState>, endpoint: Endpoint, mut flight: Flight, body: Bytes) -> Response {
     let protocol = endpoint.protocol();
+    if state.config.chat_only && !matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Embeddings) {
+        flight.finish();
+        let error = format!(
+            r#"{{"error":{{"message":"Not Found: {} is not served here","type":"invalid_request_error","code":"not_found"}}}}"#,
+            endpoint.path()
+        );
+        return respond(StatusCode::NOT_FOUND, "application/json", Body::from(error));
+    }
     let Ok(head) = protocol::peek(&body) else {
         flight.finish();
         return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(r#"{"error":{"message":"bad json"}}"#));
@@ -573,8 +588,15 @@ async fn serve(state: Arc<SimState>, endpoint: Endpoint, mut flight: Flight, bod
         id
     });
     let id = response_id.as_deref().unwrap_or("resp_sim");
+    let turn = match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Messages => turns::turn_of(protocol, &body, state.config.reasoning),
+        _ => None,
+    };
     if head.stream && matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages) {
-        let mut frames = stream_frames(protocol, id, &head.model, already_answered(&body), behavior.chunks);
+        let mut frames = match &turn {
+            Some(turn) => turns::frames(protocol, &head.model, behavior.chunks, turn),
+            None => stream_frames(protocol, id, &head.model, already_answered(&body), behavior.chunks),
+        };
         if let Some((n, error)) = error_after {
             frames.truncate(n);
             frames.push(Bytes::from(error_frame(protocol, error)));
@@ -605,7 +627,11 @@ async fn serve(state: Arc<SimState>, endpoint: Endpoint, mut flight: Flight, bod
         return respond(StatusCode::OK, "text/event-stream", Body::new(body));
     }
     flight.finish();
-    respond(StatusCode::OK, "application/json", Body::from(json_answer(endpoint, id, &head.model, behavior.chunks)))
+    let answer = match &turn {
+        Some(turn) => turns::answer(protocol, &head.model, behavior.chunks, turn),
+        None => json_answer(endpoint, id, &head.model, behavior.chunks),
+    };
+    respond(StatusCode::OK, "application/json", Body::from(answer))
 }
 
 /// An error as a stream's event(s), in each protocol's way: OpenAI chat a

@@ -1,6 +1,8 @@
 //! Shared test harness: a real simulator and a real gateway on loopback.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod grammar;
+
 use std::collections::HashMap;
 use std::time::Duration;
 

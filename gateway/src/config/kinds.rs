@@ -121,8 +121,11 @@ pub(super) fn kind(
         Some("anthropic") | Some("bedrock") | Some("vertex") => Some(Family::Anthropic),
         Some(other) => {
             let field = if u.kind.is_some() { "kind" } else { "protocol" };
-            let choices =
-                if u.kind.is_some() { "anthropic, bedrock, vertex, openai, azure" } else { "openai, openai-chat, anthropic" };
+            let choices = if u.kind.is_some() {
+                "anthropic, bedrock, vertex, openai, azure"
+            } else {
+                "openai, openai-chat, anthropic"
+            };
             problems.push(format!("{}: {other:?} is not one of {choices}", at(field)));
             None
         }

@@ -351,8 +351,7 @@ impl<'a> Run<'a> {
         tracing::debug!(upstream = %upstream.config.name, %why, "request not translatable for this target");
         self.refused = Some(format!(
             "this request cannot be translated for upstream {} ({}): {why}",
-            upstream.config.name,
-            upstream.config.protocol
+            upstream.config.name, upstream.config.protocol
         ));
         self.targets.exclude(ti);
     }
@@ -441,7 +440,13 @@ impl<'a> Run<'a> {
 
     /// The attempt succeeded: its answer goes to the client, holding the
     /// slot until its last byte.
-    fn succeed(&mut self, ti: TargetId, mut answer: Answer, mut permit: Permit, back: Option<&translate::Back>) -> Relayed {
+    fn succeed(
+        &mut self,
+        ti: TargetId,
+        mut answer: Answer,
+        mut permit: Permit,
+        back: Option<&translate::Back>,
+    ) -> Relayed {
         let upstream = self.upstream(ti);
         upstream.limiter.on_success();
         upstream.health.on_success();

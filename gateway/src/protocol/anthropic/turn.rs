@@ -51,7 +51,9 @@ fn blocks(content: &Value, at: &str, req: &mut Request) -> Result<Vec<Part>, Ref
                         data: s["data"].as_str().unwrap_or_default().to_owned(),
                     },
                     Some("url") => Image::Url(s["url"].as_str().unwrap_or_default().to_owned()),
-                    other => return Err(format!("{at}.content[{j}].source: an image source {other:?} cannot be translated")),
+                    other => {
+                        return Err(format!("{at}.content[{j}].source: an image source {other:?} cannot be translated"));
+                    }
                 };
                 parts.push(Part::Image(image));
             }
@@ -62,8 +64,10 @@ fn blocks(content: &Value, at: &str, req: &mut Request) -> Result<Vec<Part>, Ref
                     .then(|| Opaque { from: Protocol::Anthropic, value: b.clone() });
                 parts.push(Part::Reasoning { text, opaque });
             }
-            Some("redacted_thinking") => parts
-                .push(Part::Reasoning { text: String::new(), opaque: Some(Opaque { from: Protocol::Anthropic, value: b.clone() }) }),
+            Some("redacted_thinking") => parts.push(Part::Reasoning {
+                text: String::new(),
+                opaque: Some(Opaque { from: Protocol::Anthropic, value: b.clone() }),
+            }),
             Some("tool_use") => parts.push(Part::ToolCall(ToolCall {
                 id: b["id"].as_str().unwrap_or_default().to_owned(),
                 name: b["name"].as_str().unwrap_or_default().to_owned(),
@@ -81,8 +85,14 @@ fn blocks(content: &Value, at: &str, req: &mut Request) -> Result<Vec<Part>, Ref
                     is_error: b["is_error"].as_bool().unwrap_or(false),
                 });
             }
-            Some(kind @ ("server_tool_use" | "web_search_tool_result" | "web_fetch_tool_result"
-            | "code_execution_tool_result" | "mcp_tool_use" | "mcp_tool_result")) => {
+            Some(
+                kind @ ("server_tool_use"
+                | "web_search_tool_result"
+                | "web_fetch_tool_result"
+                | "code_execution_tool_result"
+                | "mcp_tool_use"
+                | "mcp_tool_result"),
+            ) => {
                 req.drop_note(format!("{kind} block"));
             }
             other => {
@@ -162,9 +172,12 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
     req.temperature = v["temperature"].as_f64();
     req.top_p = v["top_p"].as_f64();
     req.top_k = v["top_k"].as_u64();
-    req.stop = v["stop_sequences"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
+    req.stop =
+        v["stop_sequences"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
     match v["thinking"]["type"].as_str() {
-        Some("enabled") => req.reasoning = Some(Reasoning { effort: None, budget: v["thinking"]["budget_tokens"].as_u64() }),
+        Some("enabled") => {
+            req.reasoning = Some(Reasoning { effort: None, budget: v["thinking"]["budget_tokens"].as_u64() })
+        }
         Some("adaptive") => req.reasoning = Some(Reasoning { effort: Some("medium".into()), budget: None }),
         _ => {}
     }
@@ -548,7 +561,11 @@ impl Writer {
             Open::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
             Open::None => return,
         };
-        Self::event("content_block_start", &json!({"type": "content_block_start", "index": self.next, "content_block": block}), out);
+        Self::event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": self.next, "content_block": block}),
+            out,
+        );
         self.open = want;
     }
 
@@ -558,7 +575,11 @@ impl Writer {
         }
         if self.open == Open::Thinking {
             let d = json!({"type": "signature_delta", "signature": TRANSLATED_SIGNATURE});
-            Self::event("content_block_delta", &json!({"type": "content_block_delta", "index": self.next, "delta": d}), out);
+            Self::event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": self.next, "delta": d}),
+                out,
+            );
         }
         Self::event("content_block_stop", &json!({"type": "content_block_stop", "index": self.next}), out);
         self.next += 1;
@@ -580,12 +601,20 @@ impl Writer {
             Delta::Text(text) => {
                 self.open(Open::Text, out);
                 let d = json!({"type": "text_delta", "text": text});
-                Self::event("content_block_delta", &json!({"type": "content_block_delta", "index": self.next, "delta": d}), out);
+                Self::event(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": self.next, "delta": d}),
+                    out,
+                );
             }
             Delta::Reasoning(text) if self.reasoning => {
                 self.open(Open::Thinking, out);
                 let d = json!({"type": "thinking_delta", "thinking": text});
-                Self::event("content_block_delta", &json!({"type": "content_block_delta", "index": self.next, "delta": d}), out);
+                Self::event(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": self.next, "delta": d}),
+                    out,
+                );
             }
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
             Delta::ToolCall { index, id, name } => self.calls.push((index, id, name, String::new())),
@@ -620,10 +649,18 @@ impl Writer {
         self.close(out);
         for (_, id, name, args) in std::mem::take(&mut self.calls) {
             let block = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
-            Self::event("content_block_start", &json!({"type": "content_block_start", "index": self.next, "content_block": block}), out);
+            Self::event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": self.next, "content_block": block}),
+                out,
+            );
             let args = if args.trim().is_empty() { "{}".to_owned() } else { args };
             let d = json!({"type": "input_json_delta", "partial_json": args});
-            Self::event("content_block_delta", &json!({"type": "content_block_delta", "index": self.next, "delta": d}), out);
+            Self::event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": self.next, "delta": d}),
+                out,
+            );
             Self::event("content_block_stop", &json!({"type": "content_block_stop", "index": self.next}), out);
             self.next += 1;
             self.stop.get_or_insert(Stop::ToolUse);

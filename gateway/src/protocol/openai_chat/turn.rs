@@ -45,9 +45,7 @@ fn parts_of(content: &Value, at: &str) -> Result<Vec<Part>, Refusal> {
                         parts.push(Part::Image(Image::from_url(url)));
                     }
                     // A refusal the model gave earlier reads as its text.
-                    Some("refusal") => {
-                        parts.push(Part::Text(item["refusal"].as_str().unwrap_or_default().to_owned()))
-                    }
+                    Some("refusal") => parts.push(Part::Text(item["refusal"].as_str().unwrap_or_default().to_owned())),
                     other => {
                         return Err(format!(
                             "{at}.content[{j}]: a {} part cannot be translated for this model's target",
@@ -180,7 +178,8 @@ pub(crate) fn push(messages: &mut Vec<Message>, role: Role, parts: Vec<Part>) {
 
 fn content_value(parts: &[&Part]) -> Value {
     if parts.iter().all(|p| matches!(p, Part::Text(_))) {
-        let text: String = parts.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
+        let text: String =
+            parts.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
         return Value::String(text);
     }
     let items: Vec<Value> = parts
@@ -352,7 +351,10 @@ fn usage_of(u: &Value) -> Usage {
     Usage {
         input: u["prompt_tokens"].as_u64().unwrap_or(0),
         output: u["completion_tokens"].as_u64().unwrap_or(0),
-        cached: u["prompt_tokens_details"]["cached_tokens"].as_u64().or(u["prompt_cache_hit_tokens"].as_u64()).unwrap_or(0),
+        cached: u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .or(u["prompt_cache_hit_tokens"].as_u64())
+            .unwrap_or(0),
         cache_written: 0,
         reasoning: u["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap_or(0),
     }
@@ -406,9 +408,8 @@ pub fn write_answer(reply: &Reply, reasoning: bool) -> Value {
         match p {
             Part::Text(t) => text.push_str(t),
             Part::Reasoning { text, .. } => thought.push_str(text),
-            Part::ToolCall(c) => calls.push(
-                json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}),
-            ),
+            Part::ToolCall(c) => calls
+                .push(json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})),
             Part::Image(_) | Part::ToolResult { .. } => {}
         }
     }

@@ -91,7 +91,11 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
             Some("function") => req.tools.push(Tool {
                 name: t["name"].as_str().unwrap_or_default().to_owned(),
                 description: t["description"].as_str().map(str::to_owned),
-                parameters: t.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                parameters: t
+                    .get("parameters")
+                    .filter(|p| p.is_object())
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
                 custom: false,
             }),
             Some("custom") => req.tools.push(Tool {
@@ -224,7 +228,7 @@ fn custom_input(arguments: &str) -> String {
 }
 
 fn call_item(call: &ToolCall, custom: &[String], id: &str) -> Value {
-    if call.custom || custom.iter().any(|c| *c == call.name) {
+    if call.custom || custom.contains(&call.name) {
         json!({"type": "custom_tool_call", "id": id, "status": "completed", "call_id": call.id,
             "name": call.name, "input": custom_input(&call.arguments)})
     } else {
@@ -250,7 +254,14 @@ fn status_of(stop: &Stop) -> (&'static str, Value) {
     }
 }
 
-fn response(id: &str, model: &str, status: &str, output: Vec<Value>, usage: Option<&Usage>, incomplete: Value) -> Value {
+fn response(
+    id: &str,
+    model: &str,
+    status: &str,
+    output: Vec<Value>,
+    usage: Option<&Usage>,
+    incomplete: Value,
+) -> Value {
     json!({"id": id, "object": "response", "created_at": jiff::Timestamp::now().as_second(), "status": status,
         "model": model, "output": output, "usage": usage.map(usage_value), "incomplete_details": incomplete,
         "error": null, "parallel_tool_calls": true, "tool_choice": "auto", "tools": []})
@@ -262,7 +273,9 @@ pub fn write_answer(reply: &Reply, reasoning: bool, custom: &[String]) -> Value 
     let mut output = Vec::new();
     for p in &reply.parts {
         match p {
-            Part::Reasoning { text, .. } if reasoning && !text.is_empty() => output.push(reasoning_item(&item_id("rs"), text)),
+            Part::Reasoning { text, .. } if reasoning && !text.is_empty() => {
+                output.push(reasoning_item(&item_id("rs"), text))
+            }
             Part::Text(t) => output.push(message_item(&item_id("msg"), t, "completed")),
             Part::ToolCall(c) => output.push(call_item(c, custom, &item_id("fc"))),
             _ => {}
@@ -366,7 +379,11 @@ impl Writer {
         self.close(out);
         let id = item_id("rs");
         let at = self.index();
-        self.event("response.output_item.added", json!({"output_index": at, "item": {"type": "reasoning", "id": id, "summary": []}}), out);
+        self.event(
+            "response.output_item.added",
+            json!({"output_index": at, "item": {"type": "reasoning", "id": id, "summary": []}}),
+            out,
+        );
         self.event(
             "response.reasoning_summary_part.added",
             json!({"item_id": id, "output_index": at, "summary_index": 0, "part": {"type": "summary_text", "text": ""}}),
@@ -380,7 +397,11 @@ impl Writer {
         match std::mem::replace(&mut self.open, Open::None) {
             Open::None => {}
             Open::Message { id, text } => {
-                self.event("response.output_text.done", json!({"item_id": id, "output_index": at, "content_index": 0, "text": text}), out);
+                self.event(
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": at, "content_index": 0, "text": text}),
+                    out,
+                );
                 self.event(
                     "response.content_part.done",
                     json!({"item_id": id, "output_index": at, "content_index": 0,
@@ -429,7 +450,11 @@ impl Writer {
                 let Open::Message { id, text: all } = &mut self.open else { return };
                 all.push_str(&text);
                 let id = id.clone();
-                self.event("response.output_text.delta", json!({"item_id": id, "output_index": at, "content_index": 0, "delta": text}), out);
+                self.event(
+                    "response.output_text.delta",
+                    json!({"item_id": id, "output_index": at, "content_index": 0, "delta": text}),
+                    out,
+                );
             }
             Delta::Reasoning(text) if self.reasoning => {
                 self.start(out);
@@ -487,12 +512,28 @@ impl Writer {
             self.event("response.output_item.added", json!({"output_index": at, "item": added}), out);
             if custom {
                 let input = done["input"].clone();
-                self.event("response.custom_tool_call_input.delta", json!({"item_id": id, "output_index": at, "delta": input}), out);
-                self.event("response.custom_tool_call_input.done", json!({"item_id": id, "output_index": at, "input": input}), out);
+                self.event(
+                    "response.custom_tool_call_input.delta",
+                    json!({"item_id": id, "output_index": at, "delta": input}),
+                    out,
+                );
+                self.event(
+                    "response.custom_tool_call_input.done",
+                    json!({"item_id": id, "output_index": at, "input": input}),
+                    out,
+                );
             } else {
                 let args = call.arguments.clone();
-                self.event("response.function_call_arguments.delta", json!({"item_id": id, "output_index": at, "delta": args}), out);
-                self.event("response.function_call_arguments.done", json!({"item_id": id, "output_index": at, "arguments": args}), out);
+                self.event(
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": id, "output_index": at, "delta": args}),
+                    out,
+                );
+                self.event(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": at, "arguments": args}),
+                    out,
+                );
             }
             self.event("response.output_item.done", json!({"output_index": at, "item": done}), out);
             self.output.push(done);
