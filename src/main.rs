@@ -131,6 +131,9 @@ fn check(path: &Path) -> ExitCode {
                 config.models.len(),
                 config.listen
             );
+            for line in config.translation_report() {
+                println!("{}: {}", path.display(), Clean(&line));
+            }
             ExitCode::SUCCESS
         }
         Err(err) => {

@@ -295,3 +295,22 @@ fn check_escapes_what_it_quotes() {
     assert!(!stderr.chars().any(|c| c.is_control() && c != '\n'), "{stderr:?}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
+
+#[test]
+fn check_says_which_aliases_translate_and_which_clients_they_do_not_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.yaml");
+    std::fs::write(
+        &path,
+        "journal: \"off\"\nupstreams:\n  - { name: plan, protocol: anthropic, base_url: \"http://127.0.0.1:9\" }\n  - { name: deepseek, protocol: openai-chat, base_url: \"http://127.0.0.1:9/v1\" }\n  - { name: oai, protocol: openai, base_url: \"http://127.0.0.1:9/v1\" }\nmodels:\n  glm:\n    targets: [{ upstream: plan }, { upstream: deepseek }]\n  gpt:\n    targets: [{ upstream: oai, translate: false }]\n",
+    )
+    .unwrap();
+    let out = bin().args(["check", "--config"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("models.glm: openai-chat clients reach plan (anthropic) translated; openai-responses clients reach plan (anthropic), deepseek (openai-chat) translated; anthropic clients reach deepseek (openai-chat) translated"),
+        "{text}"
+    );
+    assert!(text.contains("models.gpt: not served to anthropic clients"), "{text}");
+}

@@ -397,3 +397,23 @@ async fn a_translated_stream_that_breaks_ends_with_the_clients_error_event() {
         p.chat.state.received().iter().filter(|r| String::from_utf8_lossy(&r.body).contains("busy-frame")).count();
     assert_eq!(tries, 2);
 }
+
+#[tokio::test]
+async fn count_tokens_without_an_anthropic_target_is_an_estimate_said_to_be_one() {
+    let p = providers(false, &[]);
+    let gw = gateway(&config(&p, "journal: \"off\"")).await;
+    let body = json!({"model": "on-chat", "system": "x".repeat(400),
+        "messages": [{"role": "user", "content": "y".repeat(400)}]});
+    let resp = common::client().post(url(&gw, "/v1/messages/count_tokens")).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-tidegate-estimate"], "characters/4");
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["input_tokens"], 204, "800 characters / 4 + 4 for the message");
+    assert!(p.chat.state.received().is_empty());
+    // An Anthropic target counts them itself.
+    let body = json!({"model": "on-anthropic", "messages": [{"role": "user", "content": "hi"}]});
+    let resp = common::client().post(url(&gw, "/v1/messages/count_tokens")).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(!resp.headers().contains_key("x-tidegate-estimate"));
+    assert_eq!(p.anthropic.state.received().len(), 1);
+}

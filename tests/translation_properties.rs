@@ -71,15 +71,21 @@ fn sse(name: Option<&str>, v: serde_json::Value) -> String {
 /// when there are several, as providers may send them).
 fn chat_events(p: &Plan) -> Vec<String> {
     let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        sse(None, json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}))
+        sse(
+            None,
+            json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+        )
     };
     let mut out = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
     out.extend(p.reasoning.iter().map(|r| chunk(json!({"reasoning_content": r}), None)));
     out.extend(p.text.iter().map(|t| chunk(json!({"content": t}), None)));
     for (i, (name, _)) in p.calls.iter().enumerate() {
-        out.push(chunk(json!({"tool_calls": [{"index": i, "id": format!("call_{i}"), "type": "function",
-            "function": {"name": name, "arguments": ""}}]}), None));
+        out.push(chunk(
+            json!({"tool_calls": [{"index": i, "id": format!("call_{i}"), "type": "function",
+            "function": {"name": name, "arguments": ""}}]}),
+            None,
+        ));
     }
     let longest = p.calls.iter().map(|c| c.1.len()).max().unwrap_or(0);
     for k in 0..longest {
@@ -96,8 +102,11 @@ fn chat_events(p: &Plan) -> Vec<String> {
         0 | 1 => {
             let finish = if p.calls.is_empty() { "stop" } else { "tool_calls" };
             out.push(chunk(json!({}), Some(finish)));
-            out.push(sse(None, json!({"id": "c1", "object": "chat.completion.chunk", "choices": [],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 7}})));
+            out.push(sse(
+                None,
+                json!({"id": "c1", "object": "chat.completion.chunk", "choices": [],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 7}}),
+            ));
             if p.end == 0 {
                 out.push("data: [DONE]\n\n".into());
             }
@@ -110,13 +119,22 @@ fn chat_events(p: &Plan) -> Vec<String> {
 
 /// The plan as an Anthropic messages stream.
 fn anthropic_events(p: &Plan) -> Vec<String> {
-    let mut out = vec![sse(Some("message_start"), json!({"type": "message_start", "message": {"id": "msg_1",
-        "model": "m", "usage": {"input_tokens": 3, "output_tokens": 1}}}))];
+    let mut out = vec![sse(
+        Some("message_start"),
+        json!({"type": "message_start", "message": {"id": "msg_1",
+        "model": "m", "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+    )];
     let mut index = 0;
     let mut block = |out: &mut Vec<String>, start: serde_json::Value, deltas: Vec<serde_json::Value>| {
-        out.push(sse(Some("content_block_start"), json!({"type": "content_block_start", "index": index, "content_block": start})));
+        out.push(sse(
+            Some("content_block_start"),
+            json!({"type": "content_block_start", "index": index, "content_block": start}),
+        ));
         for d in deltas {
-            out.push(sse(Some("content_block_delta"), json!({"type": "content_block_delta", "index": index, "delta": d})));
+            out.push(sse(
+                Some("content_block_delta"),
+                json!({"type": "content_block_delta", "index": index, "delta": d}),
+            ));
         }
         out.push(sse(Some("content_block_stop"), json!({"type": "content_block_stop", "index": index})));
         index += 1;
@@ -140,8 +158,11 @@ fn anthropic_events(p: &Plan) -> Vec<String> {
     match p.end {
         0 | 1 => {
             let stop = if p.calls.is_empty() { "end_turn" } else { "tool_use" };
-            out.push(sse(Some("message_delta"), json!({"type": "message_delta", "delta": {"stop_reason": stop},
-                "usage": {"output_tokens": 7}})));
+            out.push(sse(
+                Some("message_delta"),
+                json!({"type": "message_delta", "delta": {"stop_reason": stop},
+                "usage": {"output_tokens": 7}}),
+            ));
             if p.end == 0 {
                 out.push(sse(Some("message_stop"), json!({"type": "message_stop"})));
             }
@@ -157,7 +178,9 @@ fn client_request(client: Protocol, reasoning: bool) -> Vec<u8> {
         Protocol::OpenAiChat => json!({"model": "m", "stream": true, "stream_options": {"include_usage": true},
             "messages": [{"role": "user", "content": "hi"}]}),
         Protocol::OpenAiResponses => json!({"model": "m", "stream": true, "input": "hi"}),
-        Protocol::Anthropic => json!({"model": "m", "stream": true, "max_tokens": 4096, "messages": [{"role": "user", "content": "hi"}]}),
+        Protocol::Anthropic => {
+            json!({"model": "m", "stream": true, "max_tokens": 4096, "messages": [{"role": "user", "content": "hi"}]})
+        }
     };
     if reasoning {
         match client {

@@ -24,6 +24,9 @@ pub const TRANSLATED: HeaderName = HeaderName::from_static("x-tidegate-translate
 /// On a translated answer: what the request lost on the way (declared,
 /// never silent), e.g. `thinking signature x2, tool web_search`.
 pub const DROPPED: HeaderName = HeaderName::from_static("x-tidegate-dropped");
+/// On a `count_tokens` answer tidegate estimated (no target counts
+/// tokens): how (`characters/4`).
+pub const ESTIMATE: HeaderName = HeaderName::from_static("x-tidegate-estimate");
 /// On requests to an upstream: this already passed through a tidegate
 /// (the next one makes a single attempt; the first one retries).
 pub const HOP: HeaderName = HeaderName::from_static("x-tidegate-hop");

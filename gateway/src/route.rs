@@ -32,7 +32,7 @@ pub fn route<'a>(
     headers: HeaderMap,
     body: Bytes,
     record: &'a mut Report,
-) -> impl Future<Output = Result<Job, GatewayError>> + Send + 'a {
+) -> impl Future<Output = Result<Routed, GatewayError>> + Send + 'a {
     // Not an `async fn`: it would keep the headers and the body twice in
     // the request's future.
     async move {
@@ -58,6 +58,12 @@ pub fn route<'a>(
             )));
         };
         let serving = |t: &Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.way(endpoint, t.translate).is_some());
+        if endpoint == Endpoint::CountTokens && !model.targets.iter().any(serving) {
+            // No Anthropic target to count them: an estimate, said to be one.
+            return crate::translate::estimate_tokens(&body)
+                .map(Routed::Estimate)
+                .map_err(|why| GatewayError::BadRequest(format!("count_tokens: {why}")));
+        }
         if !model.targets.iter().any(serving) {
             let kinds: Vec<&str> =
                 model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
@@ -98,7 +104,7 @@ pub fn route<'a>(
             Some(lane) => lane.who(asked, record.started),
             None => gw.lanes.anonymous(asked.unwrap_or_default()),
         };
-        Ok(Job {
+        Ok(Routed::Relay(Job {
             gw: gw.clone(),
             endpoint,
             route,
@@ -112,8 +118,17 @@ pub fn route<'a>(
             lane,
             trace,
             pin,
-        })
+        }))
     }
+}
+
+/// Where routing sends a request.
+pub enum Routed {
+    /// To the attempt loop.
+    Relay(Job),
+    /// Answered here: a `count_tokens` estimate (the input tokens) for an
+    /// alias with no target that counts them.
+    Estimate(u64),
 }
 
 /// The client's headers with their values copied out of hyper's read

@@ -23,14 +23,7 @@ use serde_json::Value;
 use crate::protocol::turn::Delta;
 use crate::protocol::{ErrorKind, Protocol, anthropic, kind_of_status, openai_chat, openai_responses};
 
-/// How a request reaches a target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Way {
-    /// In the client's own protocol: its bytes, as they are.
-    Native,
-    /// Translated to this protocol.
-    Translate(Protocol),
-}
+pub use crate::protocol::Way;
 
 /// What the answer's way back needs to know of the request.
 #[derive(Debug)]
@@ -82,6 +75,34 @@ pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> 
         dropped: req.dropped_line(),
     };
     Ok(Translated { body: Bytes::from(body), back: Arc::new(back) })
+}
+
+/// An estimate of a messages request's input tokens, for `count_tokens`
+/// on an alias with no Anthropic target: a quarter of the characters of
+/// its system prompt, messages (text, tool calls and results) and tool
+/// definitions, plus a few per message. An estimate, and answered as one.
+pub fn estimate_tokens(body: &[u8]) -> Result<u64, String> {
+    use crate::protocol::turn::Part;
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+    let req = anthropic::turn::read_request(&v)?;
+    fn chars(p: &Part) -> usize {
+        match p {
+            Part::Text(t) => t.chars().count(),
+            Part::Reasoning { text, .. } => text.chars().count(),
+            Part::ToolCall(c) => c.name.len() + c.arguments.chars().count(),
+            Part::ToolResult { content, .. } => content.iter().map(chars).sum(),
+            // An image counts as Anthropic's typical ~1 600 tokens.
+            Part::Image(_) => 6400,
+        }
+    }
+    let mut n: usize = req.system.iter().map(|s| s.chars().count()).sum();
+    n += req.messages.iter().flat_map(|m| &m.parts).map(chars).sum::<usize>();
+    n += req
+        .tools
+        .iter()
+        .map(|t| t.name.len() + t.description.as_deref().map_or(0, str::len) + t.parameters.to_string().len())
+        .sum::<usize>();
+    Ok((n as u64).div_ceil(4) + 4 * req.messages.len() as u64)
 }
 
 /// Declares a translated answer in its headers: the protocols

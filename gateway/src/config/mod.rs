@@ -162,6 +162,42 @@ pub struct UpstreamConfig {
     pub breaker: BreakerConfig,
 }
 
+impl UpstreamConfig {
+    /// Whether it serves `endpoint` in that endpoint's own protocol: its
+    /// family does, and its kind offers it (Bedrock and Vertex serve
+    /// messages only; Azure chat completions, Responses and embeddings).
+    pub fn serves(&self, endpoint: crate::protocol::Endpoint) -> bool {
+        use crate::protocol::Endpoint;
+        match &self.kind {
+            UpstreamKind::Direct => self.protocol.serves(endpoint),
+            UpstreamKind::Bedrock(_) | UpstreamKind::Vertex(_) => endpoint == Endpoint::Messages,
+            UpstreamKind::Azure(_) => {
+                matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::Responses)
+            }
+        }
+    }
+
+    /// How a request to `endpoint` reaches it: in the client's protocol,
+    /// translated (when `translate` allows) to a protocol it speaks —
+    /// Anthropic messages, else chat completions — or not at all.
+    pub fn way(&self, endpoint: crate::protocol::Endpoint, translate: bool) -> Option<crate::protocol::Way> {
+        use crate::protocol::{Endpoint, Protocol, Way};
+        if self.serves(endpoint) {
+            return Some(Way::Native);
+        }
+        if !translate || !endpoint.translatable() {
+            return None;
+        }
+        if self.serves(Endpoint::Messages) {
+            Some(Way::Translate(Protocol::Anthropic))
+        } else if self.serves(Endpoint::ChatCompletions) {
+            Some(Way::Translate(Protocol::OpenAiChat))
+        } else {
+            None
+        }
+    }
+}
+
 /// What a model alias routes to.
 #[derive(Debug)]
 pub struct ModelRoute {
@@ -304,6 +340,44 @@ impl Config {
             let (pattern, route) = self.models.get_index(i)?;
             glob(pattern, model).then_some((RouteId::at(i), route))
         })
+    }
+
+    /// What `tidegate check` says about translation: per alias, which
+    /// clients reach which targets translated, and which clients it does
+    /// not serve at all (every target that could says `translate: false`).
+    pub fn translation_report(&self) -> Vec<String> {
+        use crate::protocol::{Endpoint, Way};
+        let clients = [Endpoint::ChatCompletions, Endpoint::Responses, Endpoint::Messages];
+        let mut lines = Vec::new();
+        for (alias, route) in &self.models {
+            let mut said = Vec::new();
+            for endpoint in clients {
+                let ways: Vec<(&str, Option<Way>)> = route
+                    .targets
+                    .iter()
+                    .filter_map(|t| {
+                        self.upstreams.get(t.upstream.index()).map(|u| (u.name.as_str(), u.way(endpoint, t.translate)))
+                    })
+                    .collect();
+                let client = endpoint.protocol().name();
+                let translated: Vec<String> = ways
+                    .iter()
+                    .filter_map(|(name, way)| match way {
+                        Some(Way::Translate(to)) => Some(format!("{name} ({})", to.name())),
+                        _ => None,
+                    })
+                    .collect();
+                if ways.iter().all(|(_, w)| w.is_none()) {
+                    said.push(format!("not served to {client} clients"));
+                } else if !translated.is_empty() {
+                    said.push(format!("{client} clients reach {} translated", translated.join(", ")));
+                }
+            }
+            if !said.is_empty() {
+                lines.push(format!("models.{alias}: {}", said.join("; ")));
+            }
+        }
+        lines
     }
 
     /// Exact aliases, for error messages and `/v1/models` (patterns are

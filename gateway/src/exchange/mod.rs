@@ -153,6 +153,22 @@ impl Exchange {
         }
     }
 
+    /// tidegate answers itself: a `count_tokens` estimate (header
+    /// `x-tidegate-estimate` says how it was made), reported completed.
+    pub fn estimate(mut self, tokens: u64) -> Response {
+        self.report.status = 200;
+        self.report.usage.input = Some(tokens);
+        let id = self.report.id;
+        self.finish(Outcome::Completed);
+        let body = serde_json::json!({"input_tokens": tokens}).to_string();
+        let mut response = Response::new(axum::body::Body::from(body));
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(headers::ESTIMATE, HeaderValue::from_static("characters/4"));
+        headers::label(headers, id, None, 0);
+        response
+    }
+
     /// tidegate refuses the request before any attempt (admission,
     /// routing, draining): its answer in the client's protocol, reported
     /// now. Refusals before routing beyond the flood sample are counted

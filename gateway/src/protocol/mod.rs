@@ -78,6 +78,15 @@ impl fmt::Display for Family {
     }
 }
 
+/// How a request reaches a target (see `UpstreamConfig::way`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    /// In the client's own protocol: its bytes, as they are.
+    Native,
+    /// Translated to this protocol ([`crate::translate`]).
+    Translate(Protocol),
+}
+
 /// A client-facing wire protocol: error shapes and stream grammar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Protocol {

@@ -114,7 +114,8 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
         // future ends there.
         let (mut running, keepalive) = {
             let mut job = match route::route(&gw, endpoint, parts.headers, body, exchange.record()).await {
-                Ok(job) => job,
+                Ok(route::Routed::Relay(job)) => job,
+                Ok(route::Routed::Estimate(tokens)) => return exchange.estimate(tokens),
                 Err(error) => return exchange.reject(error, protocol),
             };
             if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {

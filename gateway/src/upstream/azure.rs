@@ -25,11 +25,6 @@ impl Azure {
         Self { config: config.clone() }
     }
 
-    /// Whether Azure serves this endpoint (the OpenAI ones it has).
-    pub fn serves(endpoint: Endpoint) -> bool {
-        matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::Responses)
-    }
-
     /// Path and query for `endpoint` with `model` sent.
     pub fn path(&self, endpoint: Endpoint, model: &str) -> String {
         let tail = endpoint.upstream_path();

@@ -227,31 +227,14 @@ impl Upstream {
     /// Whether this upstream serves `endpoint`: its family does (and, on
     /// a cloud, the cloud offers it: Bedrock and Vertex serve messages).
     pub fn serves(&self, endpoint: Endpoint) -> bool {
-        match &self.reach {
-            Reach::Direct => self.uri(endpoint).is_some(),
-            Reach::Bedrock(_) | Reach::Vertex(_) => endpoint == Endpoint::Messages,
-            Reach::Azure(_) => azure::Azure::serves(endpoint),
-        }
+        self.config.serves(endpoint)
     }
 
     /// How a request to `endpoint` reaches it: in the client's protocol,
     /// translated (when `translate` allows) to the protocol it speaks, or
     /// not at all (`None`).
-    pub fn way(&self, endpoint: Endpoint, translate: bool) -> Option<crate::translate::Way> {
-        use crate::translate::Way;
-        if self.serves(endpoint) {
-            return Some(Way::Native);
-        }
-        if !translate || !endpoint.translatable() {
-            return None;
-        }
-        if self.serves(Endpoint::Messages) {
-            Some(Way::Translate(crate::protocol::Protocol::Anthropic))
-        } else if self.serves(Endpoint::ChatCompletions) {
-            Some(Way::Translate(crate::protocol::Protocol::OpenAiChat))
-        } else {
-            None
-        }
+    pub fn way(&self, endpoint: Endpoint, translate: bool) -> Option<crate::protocol::Way> {
+        self.config.way(endpoint, translate)
     }
 
     /// The name of how it is reached, for traces and `/admin`

@@ -52,7 +52,9 @@ fn blocks(content: &Value, at: &str, req: &mut Request) -> Result<Vec<Part>, Ref
                     },
                     Some("url") => Image::Url(s["url"].as_str().unwrap_or_default().to_owned()),
                     other => {
-                        return Err(format!("{at}.content[{j}].source: an image source {other:?} cannot be translated"));
+                        return Err(format!(
+                            "{at}.content[{j}].source: an image source {other:?} cannot be translated"
+                        ));
                     }
                 };
                 parts.push(Part::Image(image));
