@@ -96,6 +96,14 @@ enum Command {
         /// Runtime worker threads (0 = one per CPU).
         #[arg(long, default_value_t = 0)]
         workers: usize,
+        /// Serve chat completions only, as most OpenAI-compatible
+        /// providers do (`/v1/responses` and `/v1/messages` answer 404).
+        #[arg(long)]
+        chat_only: bool,
+        /// Write each request body received into this directory
+        /// (`0001-chat-completions.json`, …): what clients really send.
+        #[arg(long)]
+        dump: Option<PathBuf>,
     },
 }
 
@@ -108,8 +116,8 @@ fn main() -> ExitCode {
         Command::Reload { config, url } => reload(&config, url),
         Command::Healthcheck { url } => healthcheck(&url),
         Command::Log { config, journal, outcome, since, limit } => log(&config, journal, outcome, since, limit),
-        Command::Simulate { listen, scenario, config, workers } => {
-            simulate(listen, scenario.as_deref(), config.as_deref(), workers)
+        Command::Simulate { listen, scenario, config, workers, chat_only, dump } => {
+            simulate(listen, scenario.as_deref(), config.as_deref(), workers, (chat_only, dump))
         }
     };
     match result {
@@ -317,9 +325,15 @@ fn demo(requests: usize, journal: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn simulate(listen: SocketAddr, scenario: Option<&str>, config: Option<&Path>, workers: usize) -> anyhow::Result<()> {
+fn simulate(
+    listen: SocketAddr,
+    scenario: Option<&str>,
+    config: Option<&Path>,
+    workers: usize,
+    (chat_only, dump): (bool, Option<PathBuf>),
+) -> anyhow::Result<()> {
     let _guard = init_logging();
-    let sim_config = match (scenario, config) {
+    let mut sim_config = match (scenario, config) {
         (Some(name), _) => SimConfig::scenario(name)?,
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -328,6 +342,11 @@ fn simulate(listen: SocketAddr, scenario: Option<&str>, config: Option<&Path>, w
         }
         (None, None) => SimConfig::default(),
     };
+    sim_config.chat_only |= chat_only;
+    if let Some(dir) = dump {
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        sim_config.dump = Some(dir);
+    }
     let rt = runtime(workers)?;
     rt.block_on(async {
         let sim = Simulator::start(listen, sim_config).with_context(|| format!("cannot listen on {listen}"))?;

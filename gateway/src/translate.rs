@@ -69,7 +69,7 @@ pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> 
     let back = Back {
         client,
         target,
-        reasoning: req.reasoning.is_some(),
+        reasoning: req.reasoning.as_ref().is_some_and(|r| !r.hidden),
         custom: req.custom_tools(),
         include_usage: client == Protocol::OpenAiChat && v["stream_options"]["include_usage"].as_bool() == Some(true),
         dropped: req.dropped_line(),

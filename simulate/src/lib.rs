@@ -211,6 +211,9 @@ pub struct SimConfig {
     pub chat_only: bool,
     /// Answers reason first (`reasoning_content`, thinking blocks).
     pub reasoning: bool,
+    /// Each request body received is written here, numbered, named by
+    /// its path (`0001-v1-messages.json`).
+    pub dump: Option<std::path::PathBuf>,
 }
 
 /// Named fault scenarios (`tidegate simulate --scenario NAME`, the demo,
@@ -302,6 +305,8 @@ pub struct SimState {
     /// refuses another account's id.
     stored: Mutex<std::collections::HashSet<String>>,
     next_response: AtomicUsize,
+    /// Request bodies dumped so far (`SimConfig::dump`).
+    dumped: AtomicUsize,
     /// The Vertex service account tokens are issued to.
     account: Option<clouds::Account>,
     /// Access tokens issued, with their expiry.
@@ -492,6 +497,11 @@ async fn arrive(state: &Arc<SimState>, req: Request) -> (Flight, http::request::
 impl SimState {
     /// Keeps a received request (with `record: true`).
     fn record(&self, parts: &http::request::Parts, body: &Bytes) {
+        if let Some(dir) = &self.config.dump {
+            let n = self.dumped.fetch_add(1, Ordering::SeqCst) + 1;
+            let name = parts.uri.path().trim_start_matches('/').replace('/', "-");
+            let _ = std::fs::write(dir.join(format!("{n:04}-{name}.json")), body);
+        }
         if self.config.record
             && let Ok(mut r) = self.received.lock()
         {

@@ -7,7 +7,12 @@ name is "429 model concurrency limit exceeded" without Retry-After.
 Checks: Codex pointed straight at the simulator gives up (the incident
 tidegate exists for); Codex and Claude Code pointed at tidegate finish;
 Claude Code finishes through a tidegate whose Claude models are served by
-a (simulated) Amazon Bedrock upstream.
+a (simulated) Amazon Bedrock upstream; Codex and Claude Code finish
+through a tidegate whose only upstream serves chat completions (the same
+capacity scenario, `--chat-only`: tidegate translates both ways, and the
+first attempt's 429 3009 is retried). The request bodies the agents sent
+are kept in target/agents/corpus (the conformance corpus's source,
+tests/fixtures/corpus).
 The agents come from npm (`@openai/codex`, `@anthropic-ai/claude-code`,
 installed once under target/agents); the README's Codex provider block is
 read from the README itself, so the documented setup is what runs.
@@ -69,11 +74,15 @@ def main():
     codex, claude = install()
     tmp = tempfile.mkdtemp(prefix="tidegate-agents-")
     sim_port, gw_port, cloud_port = free_port(), free_port(), free_port()
+    chat_port, chat_gw_port = free_port(), free_port()
+    corpus = os.path.join(AGENTS, "corpus")
     logs = open(os.path.join(tmp, "log.txt"), "w")
     env = dict(os.environ, TRY_SIM=f"127.0.0.1:{sim_port}", TRY_LISTEN=f"127.0.0.1:{gw_port}",
                TRY_JOURNAL=os.path.join(tmp, "try.db"))
-    sim = subprocess.Popen([binary, "simulate", "--scenario", "capacity", "--listen", f"127.0.0.1:{sim_port}"],
-                           stdout=logs, stderr=logs)
+    sim = subprocess.Popen([binary, "simulate", "--scenario", "capacity", "--listen", f"127.0.0.1:{sim_port}",
+                            "--dump", corpus], stdout=logs, stderr=logs)
+    chat_sim = subprocess.Popen([binary, "simulate", "--scenario", "capacity", "--chat-only",
+                                 "--listen", f"127.0.0.1:{chat_port}"], stdout=logs, stderr=logs)
     gw = subprocess.Popen([binary, "serve", "--config", os.path.join(ROOT, "examples", "try.yaml")],
                           env=env, stdout=logs, stderr=logs, cwd=tmp)
     cloud_config = os.path.join(tmp, "bedrock.yaml")
@@ -87,11 +96,23 @@ models:
   "claude-*": {{ targets: [{{ upstream: bedrock }}] }}
 """)
     cloud = subprocess.Popen([binary, "serve", "--config", cloud_config], stdout=logs, stderr=logs, cwd=tmp)
+    chat_config = os.path.join(tmp, "chat-only.yaml")
+    with open(chat_config, "w") as f:
+        f.write(f"""listen: 127.0.0.1:{chat_gw_port}
+journal: "off"
+upstreams:
+  - {{ name: plan, protocol: openai-chat, base_url: "http://127.0.0.1:{chat_port}/v1", api_key: k }}
+models:
+  "*": {{ targets: [{{ upstream: plan }}] }}
+""")
+    chat_gw = subprocess.Popen([binary, "serve", "--config", chat_config], stdout=logs, stderr=logs, cwd=tmp)
     results = []
     try:
         wait_port(sim_port, sim, "simulator")
         wait_healthy(f"http://127.0.0.1:{gw_port}/healthz", gw, "tidegate")
         wait_healthy(f"http://127.0.0.1:{cloud_port}/healthz", cloud, "tidegate (bedrock)")
+        wait_port(chat_port, chat_sim, "simulator (chat only)")
+        wait_healthy(f"http://127.0.0.1:{chat_gw_port}/healthz", chat_gw, "tidegate (chat only)")
 
         def agent_env(name):
             home = tempfile.mkdtemp(prefix=f"{name}-", dir=tmp)
@@ -123,8 +144,18 @@ models:
         e.update({k: v.replace("127.0.0.1:8787", f"127.0.0.1:{cloud_port}") for k, v in claude_env().items()})
         rc, out = run([claude, "-p", "say hi"], e)
         results.append(("claude -p through tidegate to a Bedrock upstream finishes", rc == 0 and "tok0" in out, out))
+
+        rc, out = codex_run("codex-chat-only", f"http://127.0.0.1:{chat_gw_port}/v1")
+        results.append(("codex exec through tidegate to a chat-completions-only provider finishes",
+                         rc == 0 and "tok0" in out, out))
+
+        e = agent_env("claude-chat-only")
+        e.update({k: v.replace("127.0.0.1:8787", f"127.0.0.1:{chat_gw_port}") for k, v in claude_env().items()})
+        rc, out = run([claude, "-p", "say hi"], e)
+        results.append(("claude -p through tidegate to a chat-completions-only provider finishes",
+                         rc == 0 and "tok0" in out, out))
     finally:
-        for p in (cloud, gw, sim):
+        for p in (chat_gw, chat_sim, cloud, gw, sim):
             p.terminate()
             p.wait(timeout=10)
     failed = 0

@@ -13,6 +13,16 @@ use serde_json::Value;
 
 use super::Protocol;
 
+/// Adds instructions: to [`Request::system`] before the conversation
+/// starts, else as a system message in place.
+pub fn instruct(req: &mut Request, text: String) {
+    if req.messages.is_empty() {
+        req.system.push(text);
+    } else {
+        req.messages.push(Message { role: Role::System, parts: vec![Part::Text(text)] });
+    }
+}
+
 /// A client's request, read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Request {
@@ -80,6 +90,8 @@ pub struct Reasoning {
     pub effort: Option<String>,
     /// Anthropic's `thinking.budget_tokens`.
     pub budget: Option<u64>,
+    /// Reasoning wanted, its text not (`thinking.display: omitted`).
+    pub hidden: bool,
 }
 
 /// Who said a message.
@@ -89,6 +101,10 @@ pub enum Role {
     User,
     /// The model.
     Assistant,
+    /// Instructions given mid-conversation (Claude Code sends `system`
+    /// messages between turns; chat and Responses clients may too).
+    /// Instructions before the first message are [`Request::system`].
+    System,
 }
 
 /// One message of the conversation.

@@ -129,7 +129,8 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
         let role = match m["role"].as_str() {
             Some("user") => Role::User,
             Some("assistant") => Role::Assistant,
-            other => return Err(format!("{at}.role: {other:?} is not user or assistant")),
+            Some("system") => Role::System,
+            other => return Err(format!("{at}.role: {other:?} is not user, assistant or system")),
         };
         let parts = blocks(&m["content"], &at, &mut req)?;
         push(&mut req.messages, role, parts);
@@ -178,10 +179,27 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
         v["stop_sequences"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
     match v["thinking"]["type"].as_str() {
         Some("enabled") => {
-            req.reasoning = Some(Reasoning { effort: None, budget: v["thinking"]["budget_tokens"].as_u64() })
+            req.reasoning = Some(Reasoning { budget: v["thinking"]["budget_tokens"].as_u64(), ..Reasoning::default() })
         }
-        Some("adaptive") => req.reasoning = Some(Reasoning { effort: Some("medium".into()), budget: None }),
+        Some("adaptive") => req.reasoning = Some(Reasoning { effort: Some("medium".into()), ..Reasoning::default() }),
         _ => {}
+    }
+    if v["thinking"]["display"] == "omitted" {
+        // Reasoning asked for, its text not wanted: none is shown.
+        if let Some(r) = req.reasoning.as_mut() {
+            r.hidden = true;
+        }
+    }
+    if let Some(effort) = v["output_config"]["effort"].as_str()
+        && let Some(r) = req.reasoning.as_mut()
+        && r.budget.is_none()
+    {
+        r.effort = Some(effort.to_owned());
+    }
+    for field in ["context_management", "container", "mcp_servers", "service_tier"] {
+        if v.get(field).is_some() {
+            req.drop_note(field);
+        }
     }
     req.user = v["metadata"]["user_id"].as_str().map(str::to_owned);
     Ok(req)
@@ -232,7 +250,11 @@ pub fn write_request(req: &mut Request, model: &str) -> Value {
         if content.is_empty() {
             continue;
         }
-        let role = if m.role == Role::User { "user" } else { "assistant" };
+        let role = match m.role {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::System => "system",
+        };
         messages.push(json!({"role": role, "content": content}));
     }
     for d in dropped {

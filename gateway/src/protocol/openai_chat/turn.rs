@@ -73,7 +73,7 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         match m["role"].as_str() {
-            Some("system" | "developer") => req.system.push(text_of(&m["content"])),
+            Some("system" | "developer") => crate::protocol::turn::instruct(&mut req, text_of(&m["content"])),
             Some("user") => push(&mut req.messages, Role::User, parts_of(&m["content"], &at)?),
             Some("assistant") => {
                 let mut parts = Vec::new();
@@ -161,7 +161,7 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
         _ => Vec::new(),
     };
     if let Some(effort) = v["reasoning_effort"].as_str() {
-        req.reasoning = Some(Reasoning { effort: Some(effort.to_owned()), budget: None });
+        req.reasoning = Some(Reasoning { effort: Some(effort.to_owned()), ..Reasoning::default() });
     }
     req.user = v["user"].as_str().map(str::to_owned);
     Ok(req)
@@ -203,6 +203,14 @@ pub fn write_request(req: &mut Request, model: &str) -> Value {
     let mut dropped = Vec::new();
     for m in &req.messages {
         match m.role {
+            Role::System => {
+                let text: String = m
+                    .parts
+                    .iter()
+                    .filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None })
+                    .collect();
+                messages.push(json!({"role": "system", "content": text}));
+            }
             Role::User => {
                 let mut plain: Vec<&Part> = Vec::new();
                 for p in &m.parts {

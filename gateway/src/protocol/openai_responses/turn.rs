@@ -133,7 +133,7 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
     req.temperature = v["temperature"].as_f64();
     req.top_p = v["top_p"].as_f64();
     if let Some(effort) = v["reasoning"]["effort"].as_str() {
-        req.reasoning = Some(Reasoning { effort: Some(effort.to_owned()), budget: None });
+        req.reasoning = Some(Reasoning { effort: Some(effort.to_owned()), ..Reasoning::default() });
     } else if v["reasoning"].is_object() {
         req.reasoning = Some(Reasoning::default());
     }
@@ -150,7 +150,7 @@ fn read_item(item: &Value, at: &str, req: &mut Request) -> Result<(), Refusal> {
                     .into_iter()
                     .filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None })
                     .collect();
-                req.system.push(text);
+                crate::protocol::turn::instruct(req, text);
             }
             Some("user") => push(&mut req.messages, Role::User, content_parts(&item["content"], at)?),
             Some("assistant") => push(&mut req.messages, Role::Assistant, content_parts(&item["content"], at)?),
