@@ -362,16 +362,18 @@ async fn azure_v1_and_endpoints_a_cloud_does_not_serve() {
     assert_eq!(resp.status(), 200);
     assert!(resp.text().await.unwrap().ends_with("data: [DONE]\n\n"));
     assert_eq!(sim.state.received()[0].path, "/openai/v1/chat/completions");
-    // Bedrock serves messages only: count_tokens is refused with why.
+    // Bedrock serves messages only: count_tokens is an estimate, said to
+    // be one, and nothing is sent.
     let resp = post_json(
         &gw,
         "/v1/messages/count_tokens",
         serde_json::json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]}),
     )
     .await;
-    assert_eq!(resp.status(), 404);
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-tidegate-estimate"], "characters/4");
     let v: serde_json::Value = resp.json().await.unwrap();
-    assert!(v["error"]["message"].as_str().unwrap().contains("no target that serves"), "{v}");
+    assert_eq!(v["input_tokens"], 5, "{v}");
     assert_eq!(sim.state.received().len(), 1);
 }
 

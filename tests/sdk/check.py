@@ -28,7 +28,7 @@ CLIENT_KEY = "sdk-check-client-key"
 def main():
     binary = sys.argv[1]
     tmp = tempfile.mkdtemp(prefix="tidegate-sdk-")
-    sim_port, gw_port = free_port(), free_port()
+    sim_port, gw_port, chat_port = free_port(), free_port(), free_port()
     account = os.path.join(tmp, "vertex-sa.json")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "tests", "fixtures", "google-test-key.pem")) as f:
@@ -51,6 +51,7 @@ upstreams:
   - {{ name: sim-vertex, kind: vertex, region: us-east5, project: proj, base_url: "http://127.0.0.1:{sim_port}",
        credentials_file: "{account}" }}
   - {{ name: sim-azure, kind: azure, base_url: "http://127.0.0.1:{sim_port}", api_key: az-key, api_version: 2024-10-21 }}
+  - {{ name: sim-chat-only, protocol: openai-chat, base_url: "http://127.0.0.1:{chat_port}/v1", api_key: up }}
 models:
   gpt: {{ targets: [{{ upstream: sim-openai, model: sim-gpt }}] }}
   claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
@@ -66,6 +67,9 @@ models:
   claude-bedrock: {{ targets: [{{ upstream: sim-anthropic, model: sim-overloaded }}, {{ upstream: sim-bedrock, model: "anthropic.sim-claude-v1:0" }}] }}
   claude-vertex: {{ targets: [{{ upstream: sim-anthropic, model: sim-overloaded-2 }}, {{ upstream: sim-vertex, model: "sim-claude@20250101" }}] }}
   gpt-azure: {{ targets: [{{ upstream: sim-openai, model: sim-down }}, {{ upstream: sim-azure, model: sim-azure-deployment }}] }}
+  x-chat: {{ targets: [{{ upstream: sim-chat-only, model: glm }}] }}
+  x-anthropic: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
+  claude-failover: {{ targets: [{{ upstream: sim-anthropic, model: sim-overloaded }}, {{ upstream: sim-chat-only, model: glm }}] }}
 defaults:
   retry: {{ base_delay: 50ms, max_delay: 100ms }}
   stream_keepalive_after: 300ms
@@ -113,6 +117,9 @@ models:
         sim = subprocess.Popen([binary, "simulate", "--listen", f"127.0.0.1:{sim_port}", "--config", sim_config], env=env)
         procs.append(sim)
         wait_port(sim_port, sim, "simulator")
+        chat = subprocess.Popen([binary, "simulate", "--listen", f"127.0.0.1:{chat_port}", "--chat-only"], env=env)
+        procs.append(chat)
+        wait_port(chat_port, chat, "simulator (chat only)")
         gw = subprocess.Popen([binary, "serve", "--config", config], env=env)
         procs.append(gw)
         wait_healthy(f"http://127.0.0.1:{gw_port}/healthz", gw, "tidegate")
@@ -152,10 +159,14 @@ def run_checks(base):
         text = openai_text(oa.chat.completions.create(model="gpt", messages=msgs, stream=True))
         assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
 
+    # Every alias, in config order: each is served on every endpoint.
+    aliases = ["gpt", "claude", "busy", "drop", "drop-claude", "slow", "slow-claude", "busy-once", "bad",
+               "drop-responses", "busy-once-js", "claude-bedrock", "claude-vertex", "gpt-azure", "x-chat",
+               "x-anthropic", "claude-failover"]
+
     def openai_models():
         ids = [m.id for m in oa.models.list()]
-        assert ids == ["gpt", "busy", "drop", "slow", "busy-once", "bad", "drop-responses", "busy-once-js",
-                       "gpt-azure"], ids
+        assert ids == aliases, ids
 
     def openai_typed_errors():
         try:
@@ -290,7 +301,65 @@ def run_checks(base):
 
     def anthropic_models():
         ids = [m.id for m in an.models.list()]
-        assert ids == ["claude", "drop-claude", "slow-claude", "claude-bedrock", "claude-vertex"], ids
+        assert ids == aliases, ids
+
+    # Translation: each SDK with a tool against a target of another
+    # protocol (x-chat: a chat-completions-only provider; x-anthropic: an
+    # Anthropic one); the simulator calls the first tool it is offered.
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+    def chat_sdk_to_anthropic_target_with_a_tool():
+        tools = [{"type": "function", "function": {"name": "read_file", "description": "reads", "parameters": schema}}]
+        r = oa.chat.completions.create(model="x-anthropic", messages=msgs, tools=tools)
+        call = r.choices[0].message.tool_calls[0]
+        assert (call.function.name, json.loads(call.function.arguments)) == ("read_file", {"path": "tok0"}), r
+        assert r.choices[0].finish_reason == "tool_calls" and r.usage.completion_tokens == 5, r
+        stream = oa.chat.completions.create(model="x-anthropic", messages=msgs, tools=tools, stream=True,
+                                            stream_options={"include_usage": True})
+        text, args, name, usage = "", "", None, None
+        for chunk in stream:
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                for tc in choice.delta.tool_calls or []:
+                    name = tc.function.name or name
+                    args += tc.function.arguments or ""
+        assert text == "tok0 tok1 tok2 tok3 tok4 " and name == "read_file", (text, name)
+        assert json.loads(args) == {"path": "tok0"} and usage.completion_tokens == 5, (args, usage)
+
+    def responses_sdk_to_other_protocols_with_a_tool():
+        tools = [{"type": "function", "name": "read_file", "description": "reads", "parameters": schema}]
+        for alias in ("x-chat", "x-anthropic"):
+            r = oa.responses.create(model=alias, input="hello", tools=tools, store=False)
+            calls = [o for o in r.output if o.type == "function_call"]
+            assert r.status == "completed" and r.output_text == "tok0 tok1 tok2 tok3 tok4 ", (alias, r)
+            assert [(c.name, json.loads(c.arguments)) for c in calls] == [("read_file", {"path": "tok0"})], r
+            done = None
+            for event in oa.responses.create(model=alias, input="hello", tools=tools, store=False, stream=True):
+                if event.type == "response.completed":
+                    done = event.response
+            calls = [o for o in done.output if o.type == "function_call"]
+            assert done.output_text == "tok0 tok1 tok2 tok3 tok4 ", (alias, done)
+            assert [(c.name, json.loads(c.arguments)) for c in calls] == [("read_file", {"path": "tok0"})], done
+
+    def anthropic_sdk_to_chat_target_with_a_tool():
+        tools = [{"name": "read_file", "description": "reads", "input_schema": schema}]
+        r = an.messages.create(model="x-chat", max_tokens=64, messages=msgs, tools=tools)
+        use = [b for b in r.content if b.type == "tool_use"]
+        assert r.stop_reason == "tool_use" and [(u.name, u.input) for u in use] == [("read_file", {"path": "tok0"})], r
+        with an.messages.stream(model="x-chat", max_tokens=64, messages=msgs, tools=tools) as s:
+            text = "".join(s.text_stream)
+            final = s.get_final_message()
+        use = [b for b in final.content if b.type == "tool_use"]
+        assert text == "tok0 tok1 tok2 tok3 tok4 " and final.stop_reason == "tool_use", final
+        assert [(u.name, u.input) for u in use] == [("read_file", {"path": "tok0"})], final
+
+    def anthropic_sdk_fails_over_from_529_to_a_chat_target():
+        r = an.messages.create(model="claude-failover", max_tokens=32, messages=msgs)
+        assert r.content[0].text == "tok0 tok1 tok2 tok3 tok4 " and r.stop_reason == "end_turn", r
+        with an.messages.stream(model="claude-failover", max_tokens=32, messages=msgs) as s:
+            text = "".join(s.text_stream)
+        assert text == "tok0 tok1 tok2 tok3 tok4 ", repr(text)
 
     def anthropic_fails_over_to(alias, model):
         # The first target answers 529; the same request goes to the cloud.
@@ -346,7 +415,9 @@ def run_checks(base):
               anthropic_non_stream, anthropic_stream, anthropic_typed_errors, anthropic_models,
               anthropic_mid_stream_failure_raises, anthropic_keepalive_comments_parse,
               anthropic_via_bedrock, anthropic_via_vertex, openai_via_azure,
-              async_clients_read_the_401_of_a_large_body]
+              async_clients_read_the_401_of_a_large_body,
+              chat_sdk_to_anthropic_target_with_a_tool, responses_sdk_to_other_protocols_with_a_tool,
+              anthropic_sdk_to_chat_target_with_a_tool, anthropic_sdk_fails_over_from_529_to_a_chat_target]
     passed = failed = 0
     for check in checks:
         try:
