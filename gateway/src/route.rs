@@ -123,6 +123,10 @@ pub fn route<'a>(
 }
 
 /// Where routing sends a request.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "moved once and matched at once; boxing the job would allocate for every request"
+)]
 pub enum Routed {
     /// To the attempt loop.
     Relay(Job),
