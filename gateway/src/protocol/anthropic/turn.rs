@@ -15,7 +15,7 @@
 use bytes::{BufMut, BytesMut};
 use serde_json::{Map, Value, json};
 
-use crate::protocol::events::sse_event;
+use crate::protocol::events::{put_json_str, put_u64, sse_event};
 use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
     Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
@@ -624,12 +624,12 @@ impl Writer {
             }
             Delta::Text(text) => {
                 self.open(Open::Text, out);
-                let d = json!({"type": "text_delta", "text": text});
-                Self::event(
-                    "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": self.next, "delta": d}),
-                    out,
-                );
+                // The hot event, written without a JSON tree.
+                out.put_slice(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":");
+                put_u64(out, u64::from(self.next));
+                out.put_slice(b",\"delta\":{\"type\":\"text_delta\",\"text\":");
+                put_json_str(out, &text);
+                out.put_slice(b"}}\n\n");
             }
             Delta::Reasoning(text) if self.reasoning => {
                 self.open(Open::Thinking, out);

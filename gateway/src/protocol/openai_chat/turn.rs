@@ -7,10 +7,12 @@
 //! for usage in streams (`stream_options.include_usage`); the client's
 //! stream gets the usage chunk only if it asked for it.
 
+use std::borrow::Cow;
+
 use bytes::{BufMut, BytesMut};
 use serde_json::{Map, Value, json};
 
-use crate::protocol::events::sse_event;
+use crate::protocol::events::{put_json_str, put_u64, sse_event};
 use crate::protocol::turn::{
     Delta, Image, Message, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
     custom_tool_schema,
@@ -456,6 +458,14 @@ impl Reader {
             out.push(Delta::Done);
             return;
         }
+        // The usual chunk, read in place (borrowed strings); anything
+        // else (an error object, a field of another type) the slow way.
+        if let Ok(chunk) = serde_json::from_str::<ChunkIn<'_>>(data)
+            && chunk.error.is_none()
+        {
+            self.read_chunk(chunk, out);
+            return;
+        }
         let Ok(v) = serde_json::from_str::<Value>(data) else { return };
         if let Some(err) = v.get("error") {
             let message = err["message"].as_str().map_or_else(|| err.to_string(), str::to_owned);
@@ -503,6 +513,142 @@ impl Reader {
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             out.push(Delta::Usage(usage_of(u)));
+        }
+    }
+}
+
+/// A streamed chunk as chat-compatible providers send it, borrowed.
+#[derive(serde::Deserialize)]
+struct ChunkIn<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Vec<ChoiceIn<'a>>,
+    #[serde(default)]
+    usage: Option<UsageIn>,
+    #[serde(borrow, default)]
+    error: Option<&'a serde_json::value::RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChoiceIn<'a> {
+    #[serde(borrow, default)]
+    delta: Option<DeltaIn<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct DeltaIn<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<ToolCallIn<'a>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ToolCallIn<'a> {
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    function: Option<FunctionIn<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct FunctionIn<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct UsageIn {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_cache_hit_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<CachedIn>,
+    #[serde(default)]
+    completion_tokens_details: Option<ReasoningIn>,
+}
+
+#[derive(serde::Deserialize)]
+struct CachedIn {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReasoningIn {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+impl Reader {
+    fn read_chunk(&mut self, chunk: ChunkIn<'_>, out: &mut Vec<Delta>) {
+        if !self.started {
+            self.started = true;
+            out.push(Delta::Start {
+                id: chunk.id.as_deref().unwrap_or_default().to_owned(),
+                model: chunk.model.as_deref().unwrap_or_default().to_owned(),
+            });
+        }
+        if let Some(choice) = chunk.choices.into_iter().next() {
+            let d = choice.delta.unwrap_or_default();
+            if let Some(text) = d.reasoning_content.or(d.reasoning).filter(|t| !t.is_empty()) {
+                out.push(Delta::Reasoning(text.into_owned()));
+            }
+            if let Some(text) = d.content.filter(|t| !t.is_empty()) {
+                out.push(Delta::Text(text.into_owned()));
+            }
+            for (k, call) in d.tool_calls.into_iter().flatten().enumerate() {
+                let index = call.index.unwrap_or(k as u32);
+                let (name, args) = call.function.map_or((None, None), |f| (f.name, f.arguments));
+                if !self.calls.contains(&index) {
+                    self.calls.push(index);
+                    out.push(Delta::ToolCall {
+                        index,
+                        id: call.id.as_deref().unwrap_or_default().to_owned(),
+                        name: name.as_deref().unwrap_or_default().to_owned(),
+                    });
+                }
+                if let Some(args) = args.filter(|a| !a.is_empty()) {
+                    out.push(Delta::ToolArgs { index, args: args.into_owned() });
+                }
+            }
+            if let Some(reason) = choice.finish_reason
+                && !self.stopped
+            {
+                self.stopped = true;
+                let stop = stop_of(&reason);
+                let stop = if stop == Stop::End && !self.calls.is_empty() { Stop::ToolUse } else { stop };
+                out.push(Delta::Stop(stop));
+            }
+        }
+        if let Some(u) = chunk.usage {
+            out.push(Delta::Usage(Usage {
+                input: u.prompt_tokens.unwrap_or(0),
+                output: u.completion_tokens.unwrap_or(0),
+                cached: u
+                    .prompt_tokens_details
+                    .and_then(|d| d.cached_tokens)
+                    .or(u.prompt_cache_hit_tokens)
+                    .unwrap_or(0),
+                cache_written: 0,
+                reasoning: u.completion_tokens_details.and_then(|d| d.reasoning_tokens).unwrap_or(0),
+            }));
         }
     }
 }
@@ -573,7 +719,16 @@ impl Writer {
             }
             Delta::Text(text) => {
                 self.start(out);
-                self.chunk(json!({"content": text}), None, out);
+                // The hot chunk, written without a JSON tree.
+                out.put_slice(b"data: {\"id\":");
+                put_json_str(out, &self.id);
+                out.put_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+                put_u64(out, self.created.max(0) as u64);
+                out.put_slice(b",\"model\":");
+                put_json_str(out, &self.model);
+                out.put_slice(b",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+                put_json_str(out, &text);
+                out.put_slice(b"},\"finish_reason\":null}]}\n\n");
             }
             Delta::Reasoning(text) if self.reasoning => {
                 self.start(out);

@@ -13,7 +13,7 @@
 use bytes::{BufMut, BytesMut};
 use serde_json::{Value, json};
 
-use crate::protocol::events::sse_event;
+use crate::protocol::events::{put_json_str, put_u64, sse_event};
 use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
     Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
@@ -449,12 +449,17 @@ impl Writer {
                 let at = self.index();
                 let Open::Message { id, text: all } = &mut self.open else { return };
                 all.push_str(&text);
-                let id = id.clone();
-                self.event(
-                    "response.output_text.delta",
-                    json!({"item_id": id, "output_index": at, "content_index": 0, "delta": text}),
-                    out,
-                );
+                // The hot event, written without a JSON tree.
+                out.put_slice(b"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":");
+                put_u64(out, self.seq);
+                out.put_slice(b",\"item_id\":");
+                put_json_str(out, id);
+                out.put_slice(b",\"output_index\":");
+                put_u64(out, at as u64);
+                out.put_slice(b",\"content_index\":0,\"delta\":");
+                put_json_str(out, &text);
+                out.put_slice(b"}\n\n");
+                self.seq += 1;
             }
             Delta::Reasoning(text) if self.reasoning => {
                 self.start(out);
