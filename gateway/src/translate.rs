@@ -54,24 +54,31 @@ pub struct Translated {
 /// Translates a client's `body` (in `client`'s protocol) for a target
 /// speaking `target`, naming `model`; `Err` names what cannot be said.
 pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> Result<Translated, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+    // Anthropic bodies (Claude Code's are 50 KB) are read typed, without
+    // a JSON tree; the OpenAI ones as a tree.
+    let tree = || serde_json::from_slice::<Value>(body).map_err(|e| format!("request body: {e}"));
+    let mut include_usage = false;
     let mut req = match client {
-        Protocol::OpenAiChat => openai_chat::turn::read_request(&v)?,
-        Protocol::OpenAiResponses => openai_responses::turn::read_request(&v)?,
-        Protocol::Anthropic => anthropic::turn::read_request(&v)?,
+        Protocol::OpenAiChat => {
+            let v = tree()?;
+            include_usage = v["stream_options"]["include_usage"].as_bool() == Some(true);
+            openai_chat::turn::read_request(&v)?
+        }
+        Protocol::OpenAiResponses => openai_responses::turn::read_request(&tree()?)?,
+        Protocol::Anthropic => anthropic::turn::read_request(body)?,
     };
-    let out = match target {
+    let body = match target {
         Protocol::OpenAiChat => openai_chat::turn::write_request(&mut req, model),
-        Protocol::Anthropic => anthropic::turn::write_request(&mut req, model),
+        Protocol::Anthropic => serde_json::to_vec(&anthropic::turn::write_request(&mut req, model)),
         Protocol::OpenAiResponses => return Err("the Responses API is not reached by translation".into()),
     };
-    let body = serde_json::to_vec(&out).map_err(|e| format!("translated body: {e}"))?;
+    let body = body.map_err(|e| format!("translated body: {e}"))?;
     let back = Back {
         client,
         target,
         reasoning: req.reasoning.as_ref().is_some_and(|r| !r.hidden),
         custom: req.custom_tools(),
-        include_usage: client == Protocol::OpenAiChat && v["stream_options"]["include_usage"].as_bool() == Some(true),
+        include_usage,
         dropped: req.dropped_line(),
     };
     Ok(Translated { body: Bytes::from(body), back: Arc::new(back) })
@@ -83,8 +90,7 @@ pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> 
 /// definitions, plus a few per message. An estimate, and answered as one.
 pub fn estimate_tokens(body: &[u8]) -> Result<u64, String> {
     use crate::protocol::turn::Part;
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
-    let req = anthropic::turn::read_request(&v)?;
+    let req = anthropic::turn::read_request(body)?;
     fn chars(p: &Part) -> usize {
         match p {
             Part::Text(t) => t.chars().count(),

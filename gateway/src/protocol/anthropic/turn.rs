@@ -12,7 +12,11 @@
 //! interleave the deltas of parallel calls, which Anthropic's one open
 //! block at a time cannot say.
 
+use std::borrow::Cow;
+
 use bytes::{BufMut, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::protocol::events::{put_json_str, put_u64, sse_event};
@@ -29,28 +33,178 @@ pub const TRANSLATED_SIGNATURE: &str = "tidegate:translated";
 /// `max_tokens` sent when the client gave none (Anthropic requires it).
 pub const DEFAULT_MAX_TOKENS: u64 = 8192;
 
-fn blocks(content: &Value, at: &str, req: &mut Request) -> Result<Vec<Part>, Refusal> {
-    let items = match content {
-        Value::String(s) => return Ok(vec![Part::Text(s.clone())]),
-        Value::Array(items) => items,
-        Value::Null => return Ok(Vec::new()),
+/// A messages request as read: borrowed strings, raw JSON where only
+/// its bytes are needed. Typed, so a long conversation is read without a
+/// JSON tree (a field of the wrong type is a malformed request, refused).
+#[derive(Deserialize)]
+struct RequestIn<'a> {
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<Vec<MessageIn<'a>>>,
+    #[serde(borrow, default)]
+    tools: Option<Vec<ToolIn<'a>>>,
+    #[serde(borrow, default)]
+    tool_choice: Option<ToolChoiceIn<'a>>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    top_k: Option<u64>,
+    #[serde(borrow, default)]
+    stop_sequences: Option<Vec<Cow<'a, str>>>,
+    #[serde(borrow, default)]
+    thinking: Option<ThinkingIn<'a>>,
+    #[serde(borrow, default)]
+    output_config: Option<OutputConfigIn<'a>>,
+    #[serde(borrow, default)]
+    metadata: Option<MetadataIn<'a>>,
+    #[serde(borrow, default)]
+    context_management: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    container: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    mcp_servers: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    service_tier: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct MessageIn<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow)]
+    content: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct ToolIn<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    description: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input_schema: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_control: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ToolChoiceIn<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default)]
+    disable_parallel_tool_use: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct ThinkingIn<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    budget_tokens: Option<u64>,
+    #[serde(borrow, default)]
+    display: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct OutputConfigIn<'a> {
+    #[serde(borrow, default)]
+    effort: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct MetadataIn<'a> {
+    #[serde(borrow, default)]
+    user_id: Option<Cow<'a, str>>,
+}
+
+/// One content block, any type: the fields each type uses.
+#[derive(Deserialize)]
+struct BlockIn<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    source: Option<SourceIn<'a>>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    signature: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_use_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(default)]
+    is_error: Option<bool>,
+    #[serde(borrow, default)]
+    cache_control: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct SourceIn<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    media_type: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    data: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    url: Option<Cow<'a, str>>,
+}
+
+fn owned(s: Option<Cow<'_, str>>) -> String {
+    s.map(Cow::into_owned).unwrap_or_default()
+}
+
+/// A `content` (a string, blocks, or null) as parts.
+fn blocks(content: &RawValue, at: &str, req: &mut Request) -> Result<Vec<Part>, Refusal> {
+    let raw = content.get();
+    match raw.as_bytes().first() {
+        Some(b'"') => {
+            let text: Cow<'_, str> = serde_json::from_str(raw).map_err(|e| format!("{at}.content: {e}"))?;
+            return Ok(vec![Part::Text(text.into_owned())]);
+        }
+        Some(b'n') => return Ok(Vec::new()),
+        Some(b'[') => {}
         _ => return Err(format!("{at}.content: must be a string or an array")),
-    };
+    }
+    let items: Vec<&RawValue> = serde_json::from_str(raw).map_err(|e| format!("{at}.content: {e}"))?;
     let mut parts = Vec::with_capacity(items.len());
-    for (j, b) in items.iter().enumerate() {
-        if b.get("cache_control").is_some() {
+    for (j, item) in items.into_iter().enumerate() {
+        let b: BlockIn<'_> = serde_json::from_str(item.get()).map_err(|e| format!("{at}.content[{j}]: {e}"))?;
+        if b.cache_control.is_some() {
             req.drop_note("cache_control");
         }
-        match b["type"].as_str() {
-            Some("text") => parts.push(Part::Text(b["text"].as_str().unwrap_or_default().to_owned())),
+        // Opaque state is kept as the block the client sent, verbatim.
+        let opaque =
+            || serde_json::from_str::<Value>(item.get()).ok().map(|value| Opaque { from: Protocol::Anthropic, value });
+        match b.kind.as_deref() {
+            Some("text") => parts.push(Part::Text(owned(b.text))),
             Some("image") => {
-                let s = &b["source"];
-                let image = match s["type"].as_str() {
+                let s = b.source.unwrap_or(SourceIn { kind: None, media_type: None, data: None, url: None });
+                let image = match s.kind.as_deref() {
                     Some("base64") => Image::Data {
-                        media_type: s["media_type"].as_str().unwrap_or("image/png").to_owned(),
-                        data: s["data"].as_str().unwrap_or_default().to_owned(),
+                        media_type: s.media_type.map_or_else(|| "image/png".to_owned(), Cow::into_owned),
+                        data: owned(s.data),
                     },
-                    Some("url") => Image::Url(s["url"].as_str().unwrap_or_default().to_owned()),
+                    Some("url") => Image::Url(owned(s.url)),
                     other => {
                         return Err(format!(
                             "{at}.content[{j}].source: an image source {other:?} cannot be translated"
@@ -60,31 +214,26 @@ fn blocks(content: &Value, at: &str, req: &mut Request) -> Result<Vec<Part>, Ref
                 parts.push(Part::Image(image));
             }
             Some("thinking") => {
-                let text = b["thinking"].as_str().unwrap_or_default().to_owned();
-                let signature = b["signature"].as_str().unwrap_or_default();
-                let opaque = (signature != TRANSLATED_SIGNATURE && !signature.is_empty())
-                    .then(|| Opaque { from: Protocol::Anthropic, value: b.clone() });
-                parts.push(Part::Reasoning { text, opaque });
+                let signature = b.signature.as_deref().unwrap_or_default();
+                let foreign = signature == TRANSLATED_SIGNATURE || signature.is_empty();
+                parts.push(Part::Reasoning { text: owned(b.thinking), opaque: if foreign { None } else { opaque() } });
             }
-            Some("redacted_thinking") => parts.push(Part::Reasoning {
-                text: String::new(),
-                opaque: Some(Opaque { from: Protocol::Anthropic, value: b.clone() }),
-            }),
+            Some("redacted_thinking") => parts.push(Part::Reasoning { text: String::new(), opaque: opaque() }),
             Some("tool_use") => parts.push(Part::ToolCall(ToolCall {
-                id: b["id"].as_str().unwrap_or_default().to_owned(),
-                name: b["name"].as_str().unwrap_or_default().to_owned(),
-                arguments: b.get("input").map_or_else(|| "{}".to_owned(), Value::to_string),
+                id: owned(b.id),
+                name: owned(b.name),
+                arguments: b.input.map_or_else(|| "{}".to_owned(), |i| i.get().to_owned()),
                 custom: false,
             })),
             Some("tool_result") => {
-                let content = match &b["content"] {
-                    Value::Array(_) => blocks(&b["content"], &format!("{at}.content[{j}]"), req)?,
-                    other => vec![Part::Text(other.as_str().unwrap_or_default().to_owned())],
+                let content = match b.content {
+                    Some(c) => blocks(c, &format!("{at}.content[{j}]"), req)?,
+                    None => Vec::new(),
                 };
                 parts.push(Part::ToolResult {
-                    call_id: b["tool_use_id"].as_str().unwrap_or_default().to_owned(),
+                    call_id: owned(b.tool_use_id),
                     content,
-                    is_error: b["is_error"].as_bool().unwrap_or(false),
+                    is_error: b.is_error.unwrap_or(false),
                 });
             }
             Some(
@@ -108,100 +257,106 @@ fn blocks(content: &Value, at: &str, req: &mut Request) -> Result<Vec<Part>, Ref
     Ok(parts)
 }
 
-/// Reads a messages request.
-pub fn read_request(v: &Value) -> Result<Request, Refusal> {
-    let mut req = Request { stream: v["stream"].as_bool().unwrap_or(false), ..Request::default() };
-    match &v["system"] {
-        Value::String(s) => req.system.push(s.clone()),
-        Value::Array(items) => {
-            for b in items {
-                if b.get("cache_control").is_some() {
-                    req.drop_note("cache_control");
-                }
-                req.system.push(b["text"].as_str().unwrap_or_default().to_owned());
+/// Reads a messages request (the body's bytes).
+pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
+    let v: RequestIn<'_> = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+    let mut req = Request { stream: v.stream.unwrap_or(false), ..Request::default() };
+    if let Some(system) = v.system {
+        for part in blocks(system, "system", &mut req)? {
+            if let Part::Text(text) = part {
+                req.system.push(text);
             }
         }
-        _ => {}
     }
-    let messages = v["messages"].as_array().ok_or_else(|| "messages: must be an array".to_owned())?;
-    for (i, m) in messages.iter().enumerate() {
+    let messages = v.messages.ok_or_else(|| "messages: must be an array".to_owned())?;
+    for (i, m) in messages.into_iter().enumerate() {
         let at = format!("messages[{i}]");
-        let role = match m["role"].as_str() {
-            Some("user") => Role::User,
-            Some("assistant") => Role::Assistant,
-            Some("system") => Role::System,
+        let role = match m.role.as_ref() {
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "system" => Role::System,
             other => return Err(format!("{at}.role: {other:?} is not user, assistant or system")),
         };
-        let parts = blocks(&m["content"], &at, &mut req)?;
+        let parts = blocks(m.content, &at, &mut req)?;
         push(&mut req.messages, role, parts);
     }
     let mut builtin = Vec::new();
-    for (i, t) in v["tools"].as_array().into_iter().flatten().enumerate() {
-        if t.get("cache_control").is_some() {
+    for (i, t) in v.tools.into_iter().flatten().enumerate() {
+        if t.cache_control.is_some() {
             req.drop_note("cache_control");
         }
-        match (t["type"].as_str(), t.get("input_schema")) {
+        match (t.kind.as_deref(), t.input_schema) {
             (None | Some("custom"), Some(schema)) => req.tools.push(Tool {
-                name: t["name"].as_str().ok_or_else(|| format!("tools[{i}].name: missing"))?.to_owned(),
-                description: t["description"].as_str().map(str::to_owned),
-                parameters: schema.clone(),
+                name: t.name.ok_or_else(|| format!("tools[{i}].name: missing"))?.into_owned(),
+                description: t.description.map(Cow::into_owned),
+                parameters: serde_json::from_str(schema.get()).map_err(|e| format!("tools[{i}].input_schema: {e}"))?,
                 custom: false,
             }),
             (kind, _) => {
-                let name = t["name"].as_str().unwrap_or_default();
+                let name = t.name.as_deref().unwrap_or_default();
                 builtin.push(name.to_owned());
                 req.drop_note(format!("tool {}", kind.unwrap_or(name)));
             }
         }
     }
-    let choice = &v["tool_choice"];
-    req.tool_choice = match choice["type"].as_str() {
-        Some("auto") => Some(ToolChoice::Auto),
-        Some("any") => Some(ToolChoice::Required),
-        Some("none") => Some(ToolChoice::None),
-        Some("tool") => {
-            let name = choice["name"].as_str().unwrap_or_default();
-            if builtin.iter().any(|b| b == name) || !req.tools.iter().any(|t| t.name == name) {
-                return Err(format!("tool_choice: the tool {name:?} cannot be offered by this model's target"));
+    if let Some(choice) = v.tool_choice {
+        req.tool_choice = match choice.kind.as_deref() {
+            Some("auto") => Some(ToolChoice::Auto),
+            Some("any") => Some(ToolChoice::Required),
+            Some("none") => Some(ToolChoice::None),
+            Some("tool") => {
+                let name = choice.name.as_deref().unwrap_or_default();
+                if builtin.iter().any(|b| b == name) || !req.tools.iter().any(|t| t.name == name) {
+                    return Err(format!("tool_choice: the tool {name:?} cannot be offered by this model's target"));
+                }
+                Some(ToolChoice::Named(name.to_owned()))
             }
-            Some(ToolChoice::Named(name.to_owned()))
+            _ => None,
+        };
+        if choice.disable_parallel_tool_use == Some(true) {
+            req.parallel_tool_calls = Some(false);
         }
-        _ => None,
-    };
-    if choice["disable_parallel_tool_use"].as_bool() == Some(true) {
-        req.parallel_tool_calls = Some(false);
     }
-    req.max_tokens = v["max_tokens"].as_u64();
-    req.temperature = v["temperature"].as_f64();
-    req.top_p = v["top_p"].as_f64();
-    req.top_k = v["top_k"].as_u64();
-    req.stop =
-        v["stop_sequences"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
-    match v["thinking"]["type"].as_str() {
-        Some("enabled") => {
-            req.reasoning = Some(Reasoning { budget: v["thinking"]["budget_tokens"].as_u64(), ..Reasoning::default() })
+    req.max_tokens = v.max_tokens;
+    req.temperature = v.temperature;
+    req.top_p = v.top_p;
+    req.top_k = v.top_k;
+    req.stop = v.stop_sequences.into_iter().flatten().map(Cow::into_owned).collect();
+    if let Some(thinking) = v.thinking {
+        match thinking.kind.as_deref() {
+            Some("enabled") => {
+                req.reasoning = Some(Reasoning { budget: thinking.budget_tokens, ..Reasoning::default() })
+            }
+            Some("adaptive") => {
+                req.reasoning = Some(Reasoning { effort: Some("medium".into()), ..Reasoning::default() })
+            }
+            _ => {}
         }
-        Some("adaptive") => req.reasoning = Some(Reasoning { effort: Some("medium".into()), ..Reasoning::default() }),
-        _ => {}
-    }
-    if v["thinking"]["display"] == "omitted" {
         // Reasoning asked for, its text not wanted: none is shown.
-        if let Some(r) = req.reasoning.as_mut() {
+        if thinking.display.as_deref() == Some("omitted")
+            && let Some(r) = req.reasoning.as_mut()
+        {
             r.hidden = true;
         }
     }
-    if let Some(effort) = v["output_config"]["effort"].as_str()
+    if let Some(effort) = v.output_config.and_then(|o| o.effort)
         && let Some(r) = req.reasoning.as_mut()
         && r.budget.is_none()
     {
-        r.effort = Some(effort.to_owned());
+        r.effort = Some(effort.into_owned());
     }
-    for field in ["context_management", "container", "mcp_servers", "service_tier"] {
-        if v.get(field).is_some() {
+    let unsaid = [
+        ("context_management", v.context_management),
+        ("container", v.container),
+        ("mcp_servers", v.mcp_servers),
+        ("service_tier", v.service_tier),
+    ];
+    for (field, value) in unsaid {
+        if value.is_some() {
             req.drop_note(field);
         }
     }
-    req.user = v["metadata"]["user_id"].as_str().map(str::to_owned);
+    req.user = v.metadata.and_then(|m| m.user_id).map(Cow::into_owned);
     Ok(req)
 }
 

@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 
 use bytes::{BufMut, BytesMut};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::protocol::events::{put_json_str, put_u64, sse_event};
 use crate::protocol::turn::{
@@ -178,146 +178,241 @@ pub(crate) fn push(messages: &mut Vec<Message>, role: Role, parts: Vec<Part>) {
     }
 }
 
-fn content_value(parts: &[&Part]) -> Value {
-    if parts.iter().all(|p| matches!(p, Part::Text(_))) {
-        let text: String =
-            parts.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
-        return Value::String(text);
+/// A chat request as written: borrowed from the turn, serialised
+/// without a JSON tree in between.
+#[derive(serde::Serialize)]
+struct RequestOut<'a> {
+    model: &'a str,
+    messages: Vec<MessageOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Vec<ToolOut<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(serde::Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(serde::Serialize)]
+struct MessageOut<'a> {
+    role: &'static str,
+    /// `null` for an assistant turn of tool calls only.
+    content: ContentOut<'a>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<CallOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum ContentOut<'a> {
+    Null(()),
+    Text(Cow<'a, str>),
+    Parts(Vec<PartOut<'a>>),
+}
+
+#[derive(serde::Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum PartOut<'a> {
+    Text { text: &'a str },
+    ImageUrl { image_url: UrlOut },
+}
+
+#[derive(serde::Serialize)]
+struct UrlOut {
+    url: String,
+}
+
+#[derive(serde::Serialize)]
+struct CallOut<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: FunctionOut<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct FunctionOut<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct ToolOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ToolFunctionOut<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct ToolFunctionOut<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    parameters: &'a Value,
+}
+
+fn text_of_parts<'a>(parts: impl Iterator<Item = &'a Part>) -> Cow<'a, str> {
+    let mut texts = parts.filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None });
+    let Some(first) = texts.next() else { return Cow::Borrowed("") };
+    match texts.next() {
+        None => Cow::Borrowed(first),
+        Some(second) => {
+            let mut all = String::from(first);
+            all.push_str(second);
+            texts.for_each(|t| all.push_str(t));
+            Cow::Owned(all)
+        }
     }
-    let items: Vec<Value> = parts
+}
+
+fn message<'a>(role: &'static str, content: ContentOut<'a>) -> MessageOut<'a> {
+    MessageOut { role, content, tool_calls: Vec::new(), tool_call_id: None }
+}
+
+/// A user turn's text and images: a string when it is text only.
+fn user_content<'a>(parts: &[&'a Part]) -> ContentOut<'a> {
+    if parts.iter().all(|p| matches!(p, Part::Text(_))) {
+        return ContentOut::Text(text_of_parts(parts.iter().copied()));
+    }
+    let items = parts
         .iter()
         .filter_map(|p| match p {
-            Part::Text(t) => Some(json!({"type": "text", "text": t})),
-            Part::Image(image) => Some(json!({"type": "image_url", "image_url": {"url": image.url()}})),
+            Part::Text(t) => Some(PartOut::Text { text: t }),
+            Part::Image(image) => Some(PartOut::ImageUrl { image_url: UrlOut { url: image.url() } }),
             _ => None,
         })
         .collect();
-    Value::Array(items)
+    ContentOut::Parts(items)
 }
 
-/// Writes a chat-completions request for `model`; what chat cannot carry
-/// is noted in `req.dropped`.
-pub fn write_request(req: &mut Request, model: &str) -> Value {
-    let mut messages = Vec::with_capacity(req.messages.len() + 1);
-    for text in &req.system {
-        messages.push(json!({"role": "system", "content": text}));
-    }
+/// Writes a chat-completions request for `model` (JSON bytes); what chat
+/// cannot carry is noted in `req.dropped`.
+pub fn write_request(req: &mut Request, model: &str) -> Result<Vec<u8>, serde_json::Error> {
     let mut dropped = Vec::new();
-    for m in &req.messages {
-        match m.role {
-            Role::System => {
-                let text: String = m
-                    .parts
-                    .iter()
-                    .filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None })
-                    .collect();
-                messages.push(json!({"role": "system", "content": text}));
-            }
-            Role::User => {
-                let mut plain: Vec<&Part> = Vec::new();
-                for p in &m.parts {
-                    match p {
-                        Part::ToolResult { call_id, content, is_error } => {
-                            let mut text = String::new();
-                            for c in content {
-                                match c {
-                                    Part::Text(t) => text.push_str(t),
-                                    _ => dropped.push("image in a tool result"),
+    let out = {
+        let req = &*req;
+        let mut messages = Vec::with_capacity(req.messages.len() + req.system.len());
+        for text in &req.system {
+            messages.push(message("system", ContentOut::Text(Cow::Borrowed(text))));
+        }
+        for m in &req.messages {
+            match m.role {
+                Role::System => messages.push(message("system", ContentOut::Text(text_of_parts(m.parts.iter())))),
+                Role::User => {
+                    let mut plain: Vec<&Part> = Vec::new();
+                    for p in &m.parts {
+                        match p {
+                            Part::ToolResult { call_id, content, is_error } => {
+                                if content.iter().any(|c| !matches!(c, Part::Text(_))) {
+                                    dropped.push("image in a tool result");
                                 }
+                                let mut text = text_of_parts(content.iter());
+                                if *is_error && !text.starts_with("Error") {
+                                    text = Cow::Owned(format!("Error: {text}"));
+                                }
+                                messages.push(MessageOut {
+                                    tool_call_id: Some(call_id),
+                                    ..message("tool", ContentOut::Text(text))
+                                });
                             }
-                            if *is_error && !text.starts_with("Error") {
-                                text.insert_str(0, "Error: ");
-                            }
-                            messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": text}));
+                            Part::Text(_) | Part::Image(_) => plain.push(p),
+                            Part::Reasoning { .. } | Part::ToolCall(_) => {}
                         }
-                        Part::Text(_) | Part::Image(_) => plain.push(p),
-                        Part::Reasoning { .. } | Part::ToolCall(_) => {}
+                    }
+                    if !plain.is_empty() {
+                        messages.push(message("user", user_content(&plain)));
                     }
                 }
-                if !plain.is_empty() {
-                    messages.push(json!({"role": "user", "content": content_value(&plain)}));
-                }
-            }
-            Role::Assistant => {
-                let mut text = String::new();
-                let mut calls = Vec::new();
-                for p in &m.parts {
-                    match p {
-                        Part::Text(t) => text.push_str(t),
-                        Part::ToolCall(c) => calls.push(json!({"id": c.id, "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments}})),
-                        Part::Reasoning { opaque: Some(o), .. } => dropped.push(opaque_name(o.from)),
-                        Part::Reasoning { opaque: None, .. } => dropped.push("earlier reasoning text"),
-                        Part::Image(_) => dropped.push("image in an assistant turn"),
-                        Part::ToolResult { .. } => {}
+                Role::Assistant => {
+                    let mut calls = Vec::new();
+                    for p in &m.parts {
+                        match p {
+                            Part::ToolCall(c) => calls.push(CallOut {
+                                id: &c.id,
+                                kind: "function",
+                                function: FunctionOut { name: &c.name, arguments: &c.arguments },
+                            }),
+                            Part::Reasoning { opaque: Some(o), .. } => dropped.push(opaque_name(o.from)),
+                            Part::Reasoning { opaque: None, .. } => dropped.push("earlier reasoning text"),
+                            Part::Image(_) => dropped.push("image in an assistant turn"),
+                            Part::Text(_) | Part::ToolResult { .. } => {}
+                        }
                     }
+                    let text = text_of_parts(m.parts.iter());
+                    let content = if text.is_empty() && !calls.is_empty() {
+                        ContentOut::Null(())
+                    } else {
+                        ContentOut::Text(text)
+                    };
+                    messages.push(MessageOut { tool_calls: calls, ..message("assistant", content) });
                 }
-                let mut msg = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) }});
-                if !calls.is_empty() {
-                    msg["tool_calls"] = Value::Array(calls);
-                }
-                messages.push(msg);
             }
         }
-    }
-    for d in dropped {
-        req.drop_note(d);
-    }
-    let mut out = Map::new();
-    out.insert("model".into(), json!(model));
-    out.insert("messages".into(), Value::Array(messages));
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| {
-                let mut f = json!({"name": t.name, "parameters": t.parameters});
-                if let Some(d) = &t.description {
-                    f["description"] = json!(d);
-                }
-                json!({"type": "function", "function": f})
-            })
-            .collect();
-        out.insert("tools".into(), Value::Array(tools));
-        if let Some(p) = req.parallel_tool_calls {
-            out.insert("parallel_tool_calls".into(), json!(p));
-        }
-    }
-    if let Some(choice) = &req.tool_choice {
-        let choice = match choice {
+        let tools = (!req.tools.is_empty()).then(|| {
+            req.tools
+                .iter()
+                .map(|t| ToolOut {
+                    kind: "function",
+                    function: ToolFunctionOut {
+                        name: &t.name,
+                        description: t.description.as_deref(),
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect()
+        });
+        let tool_choice = req.tool_choice.as_ref().map(|choice| match choice {
             ToolChoice::Auto => json!("auto"),
             ToolChoice::None => json!("none"),
             ToolChoice::Required => json!("required"),
             ToolChoice::Named(name) => json!({"type": "function", "function": {"name": name}}),
+        });
+        let out = RequestOut {
+            model,
+            messages,
+            parallel_tool_calls: tools.as_ref().and(req.parallel_tool_calls),
+            tools,
+            tool_choice,
+            max_tokens: req.max_tokens,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            stop: &req.stop,
+            reasoning_effort: req.reasoning.as_ref().map(effort_of),
+            user: req.user.as_deref(),
+            stream: req.stream,
+            stream_options: req.stream.then_some(StreamOptions { include_usage: true }),
         };
-        out.insert("tool_choice".into(), choice);
-    }
-    if let Some(n) = req.max_tokens {
-        out.insert("max_tokens".into(), json!(n));
-    }
-    if let Some(t) = req.temperature {
-        out.insert("temperature".into(), json!(t));
-    }
-    if let Some(p) = req.top_p {
-        out.insert("top_p".into(), json!(p));
+        serde_json::to_vec(&out)
+    };
+    for d in dropped {
+        req.drop_note(d);
     }
     if req.top_k.is_some() {
         req.drop_note("top_k");
     }
-    if !req.stop.is_empty() {
-        out.insert("stop".into(), json!(req.stop));
-    }
-    if let Some(effort) = req.reasoning.as_ref().map(effort_of) {
-        out.insert("reasoning_effort".into(), json!(effort));
-    }
-    if let Some(user) = &req.user {
-        out.insert("user".into(), json!(user));
-    }
-    if req.stream {
-        out.insert("stream".into(), json!(true));
-        out.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    Value::Object(out)
+    out
 }
 
 /// The effort a reasoning request stands for (a budget as the nearest).
