@@ -364,6 +364,30 @@ async fn failover_crosses_protocols_and_the_journal_says_so() {
     let last = attempts.last().unwrap();
     assert_eq!((last["upstream"].as_str(), last["protocol"].as_str()), (Some("chat"), Some("openai-chat")), "{row}");
     assert!(attempts.iter().any(|a| a["upstream"] == "anth" && a["status"] == 529 && a["protocol"].is_null()), "{row}");
+    // A translated request answered at once: its one attempt is implied
+    // by the row, which keeps the protocol it was sent in.
+    let resp = common::client()
+        .post(url(&gw, "/v1/messages"))
+        .json(&request(Protocol::Anthropic, "on-chat", false, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let id = resp.headers()["x-tidegate-request-id"].to_str().unwrap().to_owned();
+    for _ in 0..200 {
+        row = admin_json(&gw, &format!("/admin/requests/{id}")).await;
+        if row["attempts"].as_array().is_some_and(|a| !a.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(row["via"], "openai-chat", "{row}");
+    assert_eq!(
+        row["attempts"],
+        json!([{"upstream": "chat", "status": 200, "class": null, "summary": "",
+        "verdict": "ok", "wait_ms": null, "protocol": "openai-chat"}]),
+        "{row}"
+    );
 }
 
 #[tokio::test]

@@ -153,9 +153,14 @@ impl AttemptLog {
     }
 
     /// What a request with status 200 and this as its only attempt does
-    /// not store, because its journal row implies it.
+    /// not store, because its journal row implies it (the protocol of a
+    /// translated one included: the row keeps it).
     pub fn is_plain_success(&self) -> bool {
-        *self == Self::ok(self.upstream)
+        self.status == Some(200)
+            && self.class.is_none()
+            && self.summary.is_empty()
+            && self.verdict == Verdict::Ok
+            && self.wait.is_none()
     }
 }
 

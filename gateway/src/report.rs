@@ -172,7 +172,9 @@ impl Report {
         let status = self.status;
         let mut attempts = std::mem::take(&mut self.attempts);
         // A single plain success is implied by the request row itself.
+        let mut via = None;
         if status == 200 && matches!(attempts.as_slice(), [only] if only.is_plain_success()) {
+            via = attempts[0].protocol;
             attempts.clear();
         }
         let partial = if sink.keep_partial { self.partial.take() } else { None };
@@ -202,6 +204,7 @@ impl Report {
             stream: self.stream,
             anomaly: self.anomaly,
             protocol: self.protocol,
+            via,
             generation: sink.generation,
             detail,
         }

@@ -95,6 +95,8 @@ pub struct Row {
     /// The client's protocol (`openai-chat`, `openai-responses`,
     /// `anthropic`).
     pub protocol: Option<String>,
+    /// The protocol the one implied attempt was sent in, when translated.
+    pub via: Option<String>,
     /// What translation left out of the request, declared.
     pub dropped: Option<String>,
     /// Attempts, in order (loaded for one request only).
@@ -167,6 +169,9 @@ pub struct Record {
     pub anomaly: bool,
     /// The client's protocol.
     pub protocol: Option<crate::protocol::Protocol>,
+    /// The protocol the one implied attempt was sent in, when translated
+    /// (stored attempts carry their own).
+    pub via: Option<crate::protocol::Protocol>,
     /// The config generation whose upstream names its indices refer to
     /// (see [`Journal::register`]); two bytes, so a record stays within two
     /// cache lines.
@@ -463,6 +468,7 @@ mod tests {
             stream: r.stream,
             anomaly: r.anomaly,
             protocol: r.protocol.as_deref().and_then(crate::protocol::Protocol::parse),
+            via: r.via.as_deref().and_then(crate::protocol::Protocol::parse),
             generation: 0,
             detail,
         }

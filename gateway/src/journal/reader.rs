@@ -26,6 +26,13 @@ pub(super) fn read_only(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// Whether the writer has made the tables yet: it creates the file when
+/// the first row arrives, and a reader that opens it in between finds an
+/// empty database (nothing journaled yet, not an unreadable journal).
+fn has_tables(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'requests'")?.exists([])
+}
+
 /// Stored microseconds as the milliseconds rows are read as.
 pub(super) fn ms(us: i64) -> f64 {
     us as f64 / 1000.0
@@ -57,6 +64,7 @@ pub(super) fn row_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         completion_from: r.get("completion_from")?,
         protocol: r.get("protocol")?,
         dropped: r.get("dropped")?,
+        via: r.get("via")?,
         attempts: Vec::new(),
     })
 }
@@ -71,6 +79,9 @@ pub fn list(path: &Path, q: &Query) -> rusqlite::Result<Vec<Row>> {
         return Ok(Vec::new()); // nothing journaled yet
     }
     let conn = read_only(path)?;
+    if !has_tables(&conn)? {
+        return Ok(Vec::new());
+    }
     let mut sql = format!("SELECT {} FROM requests WHERE id >= ?1", request_columns());
     if q.outcome.is_some() {
         sql.push_str(" AND outcome = ?2");
@@ -109,6 +120,9 @@ pub fn get(path: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
     }
     let (hi, lo) = key(&id);
     let conn = read_only(path)?;
+    if !has_tables(&conn)? {
+        return Ok(None);
+    }
     let mut stmt = conn.prepare(&format!("SELECT {} FROM requests WHERE id = ?1 AND id_lo = ?2", request_columns()))?;
     let mut rows = stmt.query_map(params![hi, lo], row_from)?;
     let Some(row) = rows.next() else { return Ok(None) };
@@ -148,7 +162,7 @@ pub(super) fn implied_attempt(r: &Row) -> Option<AttemptRow> {
         summary: String::new(),
         verdict: "ok".into(),
         wait_ms: None,
-        protocol: None,
+        protocol: r.via.clone(),
     })
 }
 

@@ -19,7 +19,7 @@ pub(super) const VERSION: i64 = 4;
 ///
 /// The `requests` columns are listed once, in [`REQUEST_TABLE`]: the
 /// table, the INSERT, the SELECT and the binding follow that list.
-pub(super) const REQUEST_TABLE: [(&str, &str); 21] = [
+pub(super) const REQUEST_TABLE: [(&str, &str); 22] = [
     ("id", "INTEGER PRIMARY KEY"),
     ("id_lo", "INTEGER NOT NULL"),
     ("client", "TEXT"),
@@ -41,6 +41,7 @@ pub(super) const REQUEST_TABLE: [(&str, &str); 21] = [
     ("completion_from", "TEXT"),
     ("protocol", "TEXT"),
     ("dropped", "TEXT"),
+    ("via", "TEXT"),
 ];
 
 /// The column names of [`REQUEST_TABLE`], comma-separated, in order.
@@ -68,7 +69,7 @@ CREATE VIEW IF NOT EXISTS requests_view AS SELECT
     strftime('%Y-%m-%d %H:%M:%f', (id >> 16) / 1000.0, 'unixepoch') AS time_utc,
     client, model, stream, outcome, status, class, error, targets, queue_us / 1000.0 AS queue_ms,
     ttfb_us / 1000.0 AS ttfb_ms, total_us / 1000.0 AS total_ms, tokens_in, tokens_out, partial, n_attempts,
-    anomaly, completion_from, protocol, dropped, id AS key
+    anomaly, completion_from, protocol, dropped, via, id AS key
     FROM requests;
 ";
 
@@ -116,7 +117,9 @@ pub(super) fn open(path: &Path) -> rusqlite::Result<Connection> {
                 .and_then(|mut s| s.exists([]))
         };
         if (2..4).contains(&version) && !first_format {
-            for (table, column) in [("requests", "protocol"), ("requests", "dropped"), ("attempts", "protocol")] {
+            for (table, column) in
+                [("requests", "protocol"), ("requests", "dropped"), ("requests", "via"), ("attempts", "protocol")]
+            {
                 if !has(table, column)? {
                     tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} TEXT;"))?;
                 }
