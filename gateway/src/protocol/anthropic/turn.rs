@@ -174,7 +174,36 @@ fn owned(s: Option<Cow<'_, str>>) -> String {
 }
 
 /// A `content` (a string, blocks, or null) as parts.
-fn blocks(content: &RawValue, at: &str, req: &mut Request) -> Result<Vec<Part>, Refusal> {
+/// Where a content sits in the request, for refusals (formatted only
+/// when one is made).
+#[derive(Debug, Clone, Copy)]
+enum At {
+    System,
+    Message(usize),
+    Block(usize, usize),
+}
+
+impl At {
+    /// The content of block `j` of this one.
+    fn block(self, j: usize) -> At {
+        match self {
+            At::System => At::System,
+            At::Message(i) | At::Block(i, _) => At::Block(i, j),
+        }
+    }
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            At::System => f.write_str("system"),
+            At::Message(i) => write!(f, "messages[{i}]"),
+            At::Block(i, j) => write!(f, "messages[{i}].content[{j}]"),
+        }
+    }
+}
+
+fn blocks(content: &RawValue, at: At, req: &mut Request) -> Result<Vec<Part>, Refusal> {
     let raw = content.get();
     match raw.as_bytes().first() {
         Some(b'"') => {
@@ -227,7 +256,7 @@ fn blocks(content: &RawValue, at: &str, req: &mut Request) -> Result<Vec<Part>, 
             })),
             Some("tool_result") => {
                 let content = match b.content {
-                    Some(c) => blocks(c, &format!("{at}.content[{j}]"), req)?,
+                    Some(c) => blocks(c, at.block(j), req)?,
                     None => Vec::new(),
                 };
                 parts.push(Part::ToolResult {
@@ -262,7 +291,7 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
     let v: RequestIn<'_> = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
     let mut req = Request { stream: v.stream.unwrap_or(false), ..Request::default() };
     if let Some(system) = v.system {
-        for part in blocks(system, "system", &mut req)? {
+        for part in blocks(system, At::System, &mut req)? {
             if let Part::Text(text) = part {
                 req.system.push(text);
             }
@@ -270,14 +299,14 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
     }
     let messages = v.messages.ok_or_else(|| "messages: must be an array".to_owned())?;
     for (i, m) in messages.into_iter().enumerate() {
-        let at = format!("messages[{i}]");
+        let at = At::Message(i);
         let role = match m.role.as_ref() {
             "user" => Role::User,
             "assistant" => Role::Assistant,
             "system" => Role::System,
             other => return Err(format!("{at}.role: {other:?} is not user, assistant or system")),
         };
-        let parts = blocks(m.content, &at, &mut req)?;
+        let parts = blocks(m.content, at, &mut req)?;
         push(&mut req.messages, role, parts);
     }
     let mut builtin = Vec::new();
