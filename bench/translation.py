@@ -26,9 +26,9 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 import run  # noqa: E402  (helpers: start, stop, wait_port, write, cpu_seconds, TMP)
 
-REPS = int(os.environ.get("REPS", 5))
-N = int(os.environ.get("N", 300))
-M = int(os.environ.get("M", 2000))
+REPS = int(os.environ.get("REPS", 9))
+N = int(os.environ.get("N", 600))
+M = int(os.environ.get("M", 6000))
 SIM, GW = 19300, 19301
 CHUNKS = 200
 
