@@ -281,6 +281,43 @@ pub struct Usage {
     pub reasoning: u64,
 }
 
+/// Streamed tool calls reassembled: the writers of protocols that say a
+/// call in one piece (Anthropic's one open block at a time, Responses
+/// items) collect the deltas here, in whatever order a chat provider
+/// interleaves them, and write each call whole at the answer's end.
+#[derive(Debug, Default)]
+pub struct Calls {
+    calls: Vec<(u32, ToolCall)>,
+}
+
+impl Calls {
+    /// A call opens (`index`: the provider's).
+    pub fn open(&mut self, index: u32, id: String, name: String) {
+        self.calls.push((index, ToolCall { id, name, arguments: String::new(), custom: false }));
+    }
+
+    /// More of call `index`'s arguments.
+    pub fn args(&mut self, index: u32, piece: &str) {
+        if let Some((_, call)) = self.calls.iter_mut().find(|c| c.0 == index) {
+            call.arguments.push_str(piece);
+        }
+    }
+
+    /// The calls, in order of opening, arguments whole (`{}` when none
+    /// came).
+    pub fn take(&mut self) -> Vec<ToolCall> {
+        std::mem::take(&mut self.calls)
+            .into_iter()
+            .map(|(_, mut call)| {
+                if call.arguments.trim().is_empty() {
+                    call.arguments = "{}".into();
+                }
+                call
+            })
+            .collect()
+    }
+}
+
 /// One step of a streamed answer, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Delta {

@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 use crate::protocol::events::{put_json_str, put_u64, sse_event};
 use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
-    Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
+    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
 };
 use crate::protocol::{ErrorKind, Protocol};
 
@@ -714,8 +714,8 @@ pub struct Writer {
     started: bool,
     open: Open,
     next: u32,
-    /// Tool calls, reassembled: (provider index, id, name, arguments).
-    calls: Vec<(u32, String, String, String)>,
+    /// Tool calls, reassembled.
+    calls: Calls,
     usage: Usage,
     stop: Option<Stop>,
     done: bool,
@@ -731,7 +731,7 @@ impl Writer {
             started: false,
             open: Open::None,
             next: 0,
-            calls: Vec::new(),
+            calls: Calls::default(),
             usage: Usage::default(),
             stop: None,
             done: false,
@@ -825,12 +825,8 @@ impl Writer {
                 );
             }
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
-            Delta::ToolCall { index, id, name } => self.calls.push((index, id, name, String::new())),
-            Delta::ToolArgs { index, args } => {
-                if let Some(call) = self.calls.iter_mut().find(|c| c.0 == index) {
-                    call.3.push_str(&args);
-                }
-            }
+            Delta::ToolCall { index, id, name } => self.calls.open(index, id, name),
+            Delta::ToolArgs { index, args } => self.calls.args(index, &args),
             Delta::Usage(u) => {
                 let merge = |new: u64, old: u64| if new > 0 { new } else { old };
                 self.usage = Usage {
@@ -855,14 +851,13 @@ impl Writer {
         }
         self.start(out);
         self.close(out);
-        for (_, id, name, args) in std::mem::take(&mut self.calls) {
+        for ToolCall { id, name, arguments: args, .. } in self.calls.take() {
             let block = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
             Self::event(
                 "content_block_start",
                 &json!({"type": "content_block_start", "index": self.next, "content_block": block}),
                 out,
             );
-            let args = if args.trim().is_empty() { "{}".to_owned() } else { args };
             let d = json!({"type": "input_json_delta", "partial_json": args});
             Self::event(
                 "content_block_delta",

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::protocol::events::{put_json_str, put_u64, sse_event};
 use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
-    Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
+    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
     custom_tool_schema,
 };
 use crate::protocol::{ErrorKind, Protocol};
@@ -305,7 +305,7 @@ pub struct Writer {
     open: Open,
     /// Items finished, for `response.completed`.
     output: Vec<Value>,
-    calls: Vec<(u32, ToolCall)>,
+    calls: Calls,
     usage: Option<Usage>,
     stop: Option<Stop>,
     done: bool,
@@ -324,7 +324,7 @@ impl Writer {
             started: false,
             open: Open::None,
             output: Vec::new(),
-            calls: Vec::new(),
+            calls: Calls::default(),
             usage: None,
             stop: None,
             done: false,
@@ -475,14 +475,8 @@ impl Writer {
                 );
             }
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
-            Delta::ToolCall { index, id, name } => {
-                self.calls.push((index, ToolCall { id, name, arguments: String::new(), custom: false }))
-            }
-            Delta::ToolArgs { index, args } => {
-                if let Some((_, call)) = self.calls.iter_mut().find(|c| c.0 == index) {
-                    call.arguments.push_str(&args);
-                }
-            }
+            Delta::ToolCall { index, id, name } => self.calls.open(index, id, name),
+            Delta::ToolArgs { index, args } => self.calls.args(index, &args),
             Delta::Usage(u) => self.usage = Some(u),
             Delta::Stop(stop) => self.stop = Some(stop),
             Delta::Done => self.finish(out),
@@ -499,10 +493,7 @@ impl Writer {
         }
         self.start(out);
         self.close(out);
-        for (_, mut call) in std::mem::take(&mut self.calls) {
-            if call.arguments.trim().is_empty() {
-                call.arguments = "{}".into();
-            }
+        for call in self.calls.take() {
             let at = self.index();
             let id = item_id("fc");
             let done = call_item(&call, &self.custom, &id);
