@@ -441,3 +441,46 @@ async fn count_tokens_without_an_anthropic_target_is_an_estimate_said_to_be_one(
     assert!(!resp.headers().contains_key("x-tidegate-estimate"));
     assert_eq!(p.anthropic.state.received().len(), 1);
 }
+
+#[tokio::test]
+async fn previous_response_id_on_a_translated_target_is_resolved_from_what_tidegate_kept() {
+    let p = providers(false, &[]);
+    let gw = gateway(&config(&p, "journal: \"off\"")).await;
+    for stream in [false, true] {
+        // A first turn, stored (the default): tidegate keeps what it said.
+        let first = request(Protocol::OpenAiResponses, "on-chat", stream, false);
+        let mut first = first;
+        first.as_object_mut().unwrap().remove("store");
+        let resp = common::client().post(url(&gw, "/v1/responses")).json(&first).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        let id = if stream {
+            let done =
+                grammar::events(&text).into_iter().find(|(n, _)| n.as_deref() == Some("response.completed")).unwrap();
+            serde_json::from_str::<Value>(&done.1).unwrap()["response"]["id"].as_str().unwrap().to_owned()
+        } else {
+            serde_json::from_str::<Value>(&text).unwrap()["id"].as_str().unwrap().to_owned()
+        };
+        // The next turn names it and sends only what is new.
+        let next = json!({"model": "on-chat", "stream": stream, "previous_response_id": id,
+            "input": [{"type": "function_call_output", "call_id": "call_sim_1", "output": "fn main() {}"}]});
+        let resp = common::client().post(url(&gw, "/v1/responses")).json(&next).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "stream {stream}");
+        let sent: Value = serde_json::from_slice(&p.chat.state.received().pop().unwrap().body).unwrap();
+        let roles: Vec<&str> =
+            sent["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool"], "stream {stream}: the whole history: {sent}");
+        assert_eq!(sent["messages"][0]["content"], "read it");
+        assert_eq!(sent["messages"][1]["tool_calls"][0]["id"], "call_sim_1", "{sent}");
+        assert_eq!(sent["messages"][1]["content"], "tok0 tok1 tok2 tok3 tok4 ");
+        assert!(sent.get("previous_response_id").is_none());
+    }
+    // An id tidegate does not keep is refused, and nothing is sent.
+    let before = p.chat.state.received().len();
+    let unknown = json!({"model": "on-chat", "previous_response_id": "resp_nobody", "input": "go on"});
+    let resp = common::client().post(url(&gw, "/v1/responses")).json(&unknown).send().await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("is not a response tidegate keeps"), "{v}");
+    assert_eq!(p.chat.state.received().len(), before);
+}

@@ -60,6 +60,9 @@ pub struct Gateway {
     pub tasks: TaskTracker,
     /// Which upstream stores each Responses API response.
     pub pins: Pins,
+    /// The conversations of the Responses answers tidegate made by
+    /// translation (kept across reloads).
+    pub kept: Arc<crate::kept::Kept>,
     /// A shutdown began: `/healthz` and new requests answer 503.
     pub draining: AtomicBool,
     /// The shutdown grace is over: streams still running end with their
@@ -182,6 +185,7 @@ impl Gateway {
             sink,
             tasks,
             pins,
+            kept: previous.map(|p| p.kept.clone()).unwrap_or_default(),
             draining: AtomicBool::new(false),
             closing: previous.map(|p| p.closing.clone()).unwrap_or_default(),
             shared,

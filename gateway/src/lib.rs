@@ -55,6 +55,7 @@ pub mod headers;
 pub mod health;
 pub mod ids;
 pub mod journal;
+pub mod kept;
 pub mod lanes;
 pub mod limits;
 pub mod logging;

@@ -40,6 +40,9 @@ pub struct Back {
     pub include_usage: bool,
     /// What the request lost on the way, in one line (declared).
     pub dropped: Option<String>,
+    /// Where a Responses answer's conversation is kept (`store` not
+    /// false), for a later `previous_response_id`.
+    pub keep: Option<crate::kept::Keep>,
 }
 
 /// A request translated for one target.
@@ -54,6 +57,50 @@ pub struct Translated {
 /// Translates a client's `body` (in `client`'s protocol) for a target
 /// speaking `target`, naming `model`; `Err` names what cannot be said.
 pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> Result<Translated, String> {
+    request_keeping(client, target, body, model, None)
+}
+
+/// [`request`], keeping a Responses answer's conversation in `kept`
+/// (unless the request says `store: false`) and sending a request that
+/// continues one (`previous_response_id`) its whole history. `Err` also
+/// when the response it continues is not kept (any more).
+pub fn request_keeping(
+    client: Protocol,
+    target: Protocol,
+    body: &[u8],
+    model: &str,
+    kept: Option<&std::sync::Arc<crate::kept::Kept>>,
+) -> Result<Translated, String> {
+    let mut keep = None;
+    let mut resolved = None;
+    if client == Protocol::OpenAiResponses {
+        let mut v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+        let mut input = Vec::new();
+        if let Some(previous) = v.get("previous_response_id").and_then(Value::as_str) {
+            let Some(history) = kept.and_then(|k| k.get(previous)) else {
+                return Err(format!(
+                    "previous_response_id: {previous:?} is not a response tidegate keeps (it keeps the last {} it \
+                     translated, in this process); send the whole conversation (store: false) instead",
+                    crate::kept::MAX_RESPONSES
+                ));
+            };
+            input.extend(history.iter().cloned());
+        }
+        input.extend(crate::kept::input_items(&v["input"]));
+        if v.get("previous_response_id").is_some() {
+            if let Some(obj) = v.as_object_mut() {
+                obj.remove("previous_response_id");
+                obj.insert("input".into(), Value::Array(input.clone()));
+            }
+            resolved = Some(serde_json::to_vec(&v).map_err(|e| e.to_string())?);
+        }
+        if v["store"] != false
+            && let Some(store) = kept
+        {
+            keep = Some(crate::kept::Keep { store: store.clone(), input });
+        }
+    }
+    let body = resolved.as_deref().unwrap_or(body);
     // Anthropic bodies (Claude Code's are 50 KB) are read typed, without
     // a JSON tree; the OpenAI ones as a tree.
     let tree = || serde_json::from_slice::<Value>(body).map_err(|e| format!("request body: {e}"));
@@ -80,6 +127,7 @@ pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> 
         custom: req.custom_tools(),
         include_usage,
         dropped: req.dropped_line(),
+        keep,
     };
     Ok(Translated { body: Bytes::from(body), back: Arc::new(back) })
 }
@@ -136,7 +184,13 @@ pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, String> {
     let reply = reply.ok_or_else(|| format!("the answer is not a {} answer", back.target.name()))?;
     let out = match back.client {
         Protocol::OpenAiChat => openai_chat::turn::write_answer(&reply, back.reasoning),
-        Protocol::OpenAiResponses => openai_responses::turn::write_answer(&reply, back.reasoning, &back.custom),
+        Protocol::OpenAiResponses => {
+            let out = openai_responses::turn::write_answer(&reply, back.reasoning, &back.custom);
+            if let (Some(keep), Some(id), Some(output)) = (&back.keep, out["id"].as_str(), out["output"].as_array()) {
+                keep.answered(id, output);
+            }
+            out
+        }
         Protocol::Anthropic => anthropic::turn::write_answer(&reply, back.reasoning),
     };
     serde_json::to_vec(&out).map(Bytes::from).map_err(|e| e.to_string())
@@ -198,9 +252,11 @@ impl Stream {
         };
         let writer = match back.client {
             Protocol::OpenAiChat => Writer::Chat(openai_chat::turn::Writer::new(back.include_usage, back.reasoning)),
-            Protocol::OpenAiResponses => {
-                Writer::Responses(openai_responses::turn::Writer::new(back.reasoning, back.custom.clone()))
-            }
+            Protocol::OpenAiResponses => Writer::Responses(openai_responses::turn::Writer::new(
+                back.reasoning,
+                back.custom.clone(),
+                back.keep.clone(),
+            )),
             Protocol::Anthropic => Writer::Anthropic(anthropic::turn::Writer::new(back.reasoning)),
         };
         Some(Stream { reader, writer, deltas: Vec::new() })

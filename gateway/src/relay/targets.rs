@@ -107,15 +107,16 @@ impl<'a> Targets<'a> {
             return Ok(Sent { body: self.body(i, job), endpoint: self.endpoint, back: None });
         };
         let endpoint = target.endpoint();
-        if job.head.previous_response_id.is_some() {
-            return Err("previous_response_id: the stored response lives at a Responses provider, and this target \
-                        keeps no Responses state; send the whole conversation (store: false) instead"
-                .into());
-        }
         if let Some((_, t)) = self.translated.iter().find(|(k, _)| *k == at) {
             return Ok(Sent { body: t.body.clone(), endpoint, back: Some(t.back.clone()) });
         }
-        let t = translate::request(self.endpoint.protocol(), target, &job.body, self.model(i, job))?;
+        let t = translate::request_keeping(
+            self.endpoint.protocol(),
+            target,
+            &job.body,
+            self.model(i, job),
+            Some(&self.gw.kept),
+        )?;
         let sent = Sent { body: t.body.clone(), endpoint, back: Some(t.back.clone()) };
         self.translated.push((at, t));
         Ok(sent)

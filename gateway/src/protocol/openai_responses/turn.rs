@@ -309,13 +309,16 @@ pub struct Writer {
     usage: Option<Usage>,
     stop: Option<Stop>,
     done: bool,
+    /// Where the conversation is kept once the answer is complete.
+    keep: Option<crate::kept::Keep>,
 }
 
 impl Writer {
     /// A writer for a client that asked (or not) for reasoning, offering
-    /// `custom` tools.
-    pub fn new(reasoning: bool, custom: Vec<String>) -> Self {
+    /// `custom` tools; `keep`: where the finished conversation goes.
+    pub fn new(reasoning: bool, custom: Vec<String>, keep: Option<crate::kept::Keep>) -> Self {
         Self {
+            keep,
             reasoning,
             custom,
             id: String::new(),
@@ -537,6 +540,9 @@ impl Writer {
         self.done = true;
         let (status, incomplete) = status_of(&self.stop.take().unwrap_or_default());
         let output = std::mem::take(&mut self.output);
+        if let Some(keep) = &self.keep {
+            keep.answered(&self.id, &output);
+        }
         let r = response(&self.id, &self.model, status, output, self.usage.as_ref(), incomplete);
         let name = if status == "completed" { "response.completed" } else { "response.incomplete" };
         self.event(name, json!({"response": r}), out);
