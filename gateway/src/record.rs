@@ -133,9 +133,10 @@ pub struct AttemptLog {
     pub verdict: Verdict,
     /// Wait before the next attempt.
     pub wait: Option<Duration>,
-    /// The protocol it was sent in, when translated (`None`: the
-    /// client's own).
-    pub protocol: Option<crate::protocol::Protocol>,
+    /// The name of the protocol it was sent in, when translated
+    /// (`None`: the client's own; a name, so this vocabulary stays
+    /// below the protocols).
+    pub protocol: Option<&'static str>,
 }
 
 impl AttemptLog {

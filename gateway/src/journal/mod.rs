@@ -171,7 +171,7 @@ pub struct Record {
     pub protocol: Option<crate::protocol::Protocol>,
     /// The protocol the one implied attempt was sent in, when translated
     /// (stored attempts carry their own).
-    pub via: Option<crate::protocol::Protocol>,
+    pub via: Option<&'static str>,
     /// The config generation whose upstream names its indices refer to
     /// (see [`Journal::register`]); two bytes, so a record stays within two
     /// cache lines.
@@ -431,7 +431,11 @@ mod tests {
                     summary: a.summary.clone(),
                     verdict: Verdict::parse(&a.verdict).unwrap(),
                     wait: a.wait_ms.map(|ms| Duration::from_micros(us(ms) as u64)),
-                    protocol: a.protocol.as_deref().and_then(crate::protocol::Protocol::parse),
+                    protocol: a
+                        .protocol
+                        .as_deref()
+                        .and_then(crate::protocol::Protocol::parse)
+                        .map(crate::protocol::Protocol::name),
                 })
                 .collect()
         };
@@ -468,7 +472,7 @@ mod tests {
             stream: r.stream,
             anomaly: r.anomaly,
             protocol: r.protocol.as_deref().and_then(crate::protocol::Protocol::parse),
-            via: r.via.as_deref().and_then(crate::protocol::Protocol::parse),
+            via: r.via.as_deref().and_then(crate::protocol::Protocol::parse).map(crate::protocol::Protocol::name),
             generation: 0,
             detail,
         }

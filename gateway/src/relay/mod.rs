@@ -40,7 +40,7 @@ use crate::headers;
 use crate::ids::{RouteId, TargetId, UpstreamId};
 use crate::lanes::{Lane, Pass};
 use crate::limits::{Permit, Who};
-use crate::protocol::{self, Endpoint, Protocol, RequestHead};
+use crate::protocol::{self, Endpoint, RequestHead};
 use crate::record::{AttemptLog, Verdict, WaitSource};
 use crate::retry::{self, Decision, GiveUp, Situation};
 use crate::stream::RelayBody;
@@ -227,7 +227,7 @@ async fn attempts(job: &Job) -> Relayed {
             Err(stop) => return stop,
         };
         let back = sent.back.clone();
-        run.via = back.as_ref().map(|b| b.target);
+        run.via = back.as_ref().map(|b| b.target.name());
         let (outcome, buffered) = match run.send(ti, now, sent).await {
             Attempt::Success(answer) => return run.succeed(ti, answer, permit, back.as_deref()),
             Attempt::Failure(outcome, buffered) => (outcome, buffered),
@@ -314,7 +314,7 @@ struct Run<'a> {
     /// request: the answer when no target could.
     refused: Option<String>,
     /// The protocol the current attempt is sent in, when translated.
-    via: Option<Protocol>,
+    via: Option<&'static str>,
 }
 
 impl<'a> Run<'a> {
