@@ -174,7 +174,7 @@ impl Report {
         // A single plain success is implied by the request row itself.
         let mut via = None;
         if status == 200 && matches!(attempts.as_slice(), [only] if only.is_plain_success()) {
-            via = attempts[0].protocol;
+            via = attempts[0].protocol.and_then(crate::protocol::Protocol::parse);
             attempts.clear();
         }
         let partial = if sink.keep_partial { self.partial.take() } else { None };

@@ -171,7 +171,7 @@ pub struct Record {
     pub protocol: Option<crate::protocol::Protocol>,
     /// The protocol the one implied attempt was sent in, when translated
     /// (stored attempts carry their own).
-    pub via: Option<&'static str>,
+    pub via: Option<crate::protocol::Protocol>,
     /// The config generation whose upstream names its indices refer to
     /// (see [`Journal::register`]); two bytes, so a record stays within two
     /// cache lines.
@@ -472,7 +472,7 @@ mod tests {
             stream: r.stream,
             anomaly: r.anomaly,
             protocol: r.protocol.as_deref().and_then(crate::protocol::Protocol::parse),
-            via: r.via.as_deref().and_then(crate::protocol::Protocol::parse).map(crate::protocol::Protocol::name),
+            via: r.via.as_deref().and_then(crate::protocol::Protocol::parse),
             generation: 0,
             detail,
         }

@@ -151,7 +151,7 @@ pub(super) fn bind_request(
         &detail.and_then(|d| d.completion_from),
         &r.protocol.map(crate::protocol::Protocol::name),
         &detail.and_then(|d| d.dropped.as_deref()),
-        &r.via,
+        &r.via.map(crate::protocol::Protocol::name),
     ];
     for (i, value) in values.into_iter().enumerate() {
         stmt.raw_bind_parameter(base + i + 1, value)?;
