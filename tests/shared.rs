@@ -390,3 +390,96 @@ async fn stored_response_pins_are_shared_between_replicas() {
     assert_eq!(a.state.received().len(), 2, "continued where it is stored");
     assert_eq!(b.state.received().len(), 0, "never asked the account without it");
 }
+
+/// A conversation translated for a chat-only provider (which stores
+/// nothing) is kept in Redis too, one turn per response: a replica that
+/// never answered it continues it with the whole history, the first one
+/// then continues the second's turn (a chain read back across replicas),
+/// and a chain with a turn gone is refused, not sent half.
+#[tokio::test]
+async fn translated_conversations_are_kept_for_every_replica() {
+    let redis = Redis::start();
+    let chat = tidegate_simulate::Simulator::start(
+        "127.0.0.1:0".parse().unwrap(),
+        tidegate_simulate::SimConfig { chat_only: true, record: true, ..Default::default() },
+    )
+    .unwrap();
+    let replica = format!(
+        "listen: 127.0.0.1:0\njournal: \"off\"\nadmin_key: {ADMIN}\nstate: {}\n\
+         upstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\n\
+         models:\n  m: {{ targets: [{{ upstream: chat }}] }}\n",
+        redis.url(),
+        chat.openai_url()
+    );
+    let (one, two) = (gateway(&replica).await, gateway(&replica).await);
+    for gw in [&one, &two] {
+        wait_shared(&format!("http://{}", gw.addr), true).await;
+    }
+    let mut conn = redis.conn().await;
+    let turn = |gw: &tidegate::server::Running, input: &str, previous: Option<&str>| {
+        let mut body = serde_json::json!({"model": "m", "input": input});
+        if let Some(p) = previous {
+            body["previous_response_id"] = p.into();
+        }
+        client().post(url(gw, "/v1/responses")).json(&body).send()
+    };
+    let sent_roles = || {
+        let sent: Value = serde_json::from_slice(&chat.state.received().pop().unwrap().body).unwrap();
+        let roles: Vec<String> =
+            sent["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap().to_owned()).collect();
+        (roles, sent)
+    };
+    // Redis is written in the background: wait (bounded) for a turn.
+    async fn stored(conn: &mut redis::aio::MultiplexedConnection, id: &str) -> (String, String) {
+        for _ in 0..200 {
+            let (previous, items): (Option<String>, Option<String>) = redis::cmd("HMGET")
+                .arg(format!("tidegate:kept:{id}"))
+                .arg("previous")
+                .arg("items")
+                .query_async(conn)
+                .await
+                .unwrap();
+            if let (Some(p), Some(i)) = (previous, items) {
+                return (p, i);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("turn {id} never reached Redis");
+    }
+
+    let first = turn(&one, "hello", None).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let id1 = first.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let (previous, items) = stored(&mut conn, &id1).await;
+    assert_eq!(previous, "", "a first turn continues nothing");
+    assert!(items.contains("hello"), "{items}");
+
+    let second = turn(&two, "more", Some(&id1)).await.unwrap();
+    assert_eq!(second.status(), 200, "replica two reads replica one's turn back");
+    let id2 = second.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let (roles, sent) = sent_roles();
+    assert_eq!(roles, ["user", "assistant", "user"], "the whole history: {sent}");
+    assert_eq!(sent["messages"][0]["content"], "hello");
+    assert_eq!(sent["messages"][2]["content"], "more");
+    let (previous, items) = stored(&mut conn, &id2).await;
+    assert_eq!(previous, id1, "the second turn links to the first");
+    assert!(!items.contains("hello"), "each turn is stored once, not its whole history: {items}");
+
+    let third = turn(&one, "and more", Some(&id2)).await.unwrap();
+    assert_eq!(third.status(), 200, "replica one reads the chain of both turns back");
+    let (roles, sent) = sent_roles();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant", "user"], "{sent}");
+    assert_eq!(sent["messages"][4]["content"], "and more");
+
+    // The first turn gone from Redis: a replica without it locally has no
+    // whole conversation, and says so instead of sending half.
+    let _: i64 = redis::cmd("DEL").arg(format!("tidegate:kept:{id1}")).query_async(&mut conn).await.unwrap();
+    let three = gateway(&replica).await;
+    wait_shared(&format!("http://{}", three.addr), true).await;
+    let before = chat.state.received().len();
+    let refused = turn(&three, "again", Some(&id2)).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let v: Value = refused.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("is not a response tidegate keeps"), "{v}");
+    assert_eq!(chat.state.received().len(), before, "nothing sent");
+}

@@ -62,7 +62,7 @@ pub struct Gateway {
     pub pins: Pins,
     /// The conversations of the Responses answers tidegate made by
     /// translation (kept across reloads).
-    pub kept: Arc<crate::kept::Kept>,
+    pub kept: crate::kept::Store,
     /// A shutdown began: `/healthz` and new requests answer 503.
     pub draining: AtomicBool,
     /// The shutdown grace is over: streams still running end with their
@@ -177,6 +177,12 @@ impl Gateway {
         if let Some(p) = previous {
             pins.carry(&p.pins);
         }
+        let kept = crate::kept::Store {
+            local: previous.map(|p| p.kept.local.clone()).unwrap_or_default(),
+            shared: shared.clone(),
+            ttl: config.response_pin_ttl,
+            tasks: tasks.clone(),
+        };
         Ok(Self {
             upstreams: upstreams.into(),
             aliases,
@@ -185,7 +191,7 @@ impl Gateway {
             sink,
             tasks,
             pins,
-            kept: previous.map(|p| p.kept.clone()).unwrap_or_default(),
+            kept,
             draining: AtomicBool::new(false),
             closing: previous.map(|p| p.closing.clone()).unwrap_or_default(),
             shared,

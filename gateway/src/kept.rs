@@ -4,14 +4,25 @@
 //! per response id it gave, the conversation that led to it (the input
 //! items, the previous ones included) and the items it answered. A
 //! request continuing one is sent its whole history; an id no longer kept
-//! is refused with a clear 400. Bounded by count and bytes, oldest out
-//! first; in this process only (a replica that did not answer the
-//! response does not have it, and says so).
+//! is refused with a clear 400.
+//!
+//! In this process the whole conversation is kept per response, bounded
+//! by count and bytes, oldest out first. With shared state (`state:`),
+//! every replica's answers are also kept in Redis, for
+//! `response_pin_ttl`: each response as its own turn (the items new in it
+//! and the response it continued), so a long conversation costs Redis its
+//! size once, not once per turn; a replica asked to continue a response it
+//! did not answer reads the chain back before routing (see
+//! `shared::SharedState::kept`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::Value;
+use tokio_util::task::TaskTracker;
+
+use crate::shared::SharedState;
 
 /// Most responses kept.
 pub const MAX_RESPONSES: usize = 4096;
@@ -60,23 +71,71 @@ impl Kept {
     }
 }
 
+/// Where conversations are kept: this process's [`Kept`] (carried across
+/// reloads) and, with shared state, Redis.
+#[derive(Debug, Clone, Default)]
+pub struct Store {
+    /// This process's conversations.
+    pub local: Arc<Kept>,
+    /// The shared store, when configured.
+    pub shared: Option<Arc<SharedState>>,
+    /// How long Redis keeps a turn after it was last read or written.
+    pub ttl: Duration,
+    /// Where the writes to Redis run (shutdown waits for them).
+    pub tasks: TaskTracker,
+}
+
+impl Store {
+    /// The conversation through response `id`, if this process has it.
+    pub fn get(&self, id: &str) -> Option<Arc<[Value]>> {
+        self.local.get(id)
+    }
+
+    /// Makes sure this process has the conversation through `id`, reading
+    /// it from Redis when another replica answered it. Whether it has it
+    /// now.
+    pub async fn fetch(&self, id: &str) -> bool {
+        if self.local.get(id).is_some() {
+            return true;
+        }
+        let Some(shared) = &self.shared else { return false };
+        let Some(items) = shared.kept(id, self.ttl).await else { return false };
+        self.local.keep(id.to_owned(), items);
+        self.local.get(id).is_some()
+    }
+}
+
 /// Where a translated Responses answer's conversation is kept: the store
 /// and the items that led to it.
 #[derive(Debug, Clone)]
 pub struct Keep {
     /// The store.
-    pub store: Arc<Kept>,
+    pub store: Store,
     /// The request's input items, the previous response's history first.
     pub input: Vec<Value>,
+    /// The response this request continued, and how many of `input` are
+    /// its history (Redis keeps only what is new in each turn).
+    pub previous: Option<(String, usize)>,
 }
 
 impl Keep {
     /// Keeps the conversation through response `id` that answered with
     /// `output`.
     pub fn answered(&self, id: &str, output: &[Value]) {
+        let (previous, fresh) = match &self.previous {
+            Some((p, n)) => (Some(p.clone()), *n),
+            None => (None, 0),
+        };
+        if let Some(shared) = &self.store.shared {
+            let new: Vec<&Value> = self.input.get(fresh..).unwrap_or_default().iter().chain(output).collect();
+            if let Ok(turn) = serde_json::to_string(&new) {
+                let (shared, id, ttl) = (shared.clone(), id.to_owned(), self.store.ttl);
+                self.store.tasks.spawn(async move { shared.keep_turn(&id, previous.as_deref(), &turn, ttl).await });
+            }
+        }
         let mut items = self.input.clone();
         items.extend(output.iter().cloned());
-        self.store.keep(id.to_owned(), items);
+        self.store.local.keep(id.to_owned(), items);
     }
 }
 

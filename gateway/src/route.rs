@@ -83,6 +83,20 @@ pub fn route<'a>(
             Some(id) => pinned(gw, id, model).await?,
             None => None,
         };
+        if let (Some(id), None) = (&head.previous_response_id, pin) {
+            let translated = |t: &Target| {
+                gw.upstreams
+                    .get(t.upstream)
+                    .and_then(|u| u.way(endpoint, t.translate))
+                    .is_some_and(|w| w != protocol::Way::Native)
+            };
+            if model.targets.iter().any(translated) {
+                // A translated target is sent the whole conversation, which
+                // another replica may have answered: read it back now (the
+                // attempt loop's translation does not wait).
+                gw.kept.fetch(id).await;
+            }
+        }
         let asked = match headers.get(headers::PRIORITY) {
             None => None,
             Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {

@@ -130,6 +130,43 @@ return redis.call('ZCARD', KEYS[1])
 /// How long a replica that stopped saying it is alive still counts.
 const REPLICA_TTL: Duration = Duration::from_secs(5);
 
+/// Keeps one turn of a translated Responses conversation (see `kept`):
+/// KEYS[1] the turn's key; ARGV the response it continued ('' for none),
+/// its new items (a JSON array), ms to keep it.
+const KEEP_TURN: &str = r"
+redis.call('HSET', KEYS[1], 'previous', ARGV[1], 'items', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+";
+
+/// Reads a conversation back, newest turn first, renewing each turn's TTL
+/// (a conversation in use does not expire from its oldest end): ARGV the
+/// key prefix, the response id, ms to keep, most turns. Nil when a turn is
+/// missing (the conversation is no longer whole). The keys are found by
+/// walking the chain, so they cannot all be declared: one Redis, not a
+/// cluster (as for every key here).
+const KEPT: &str = r"
+local id = ARGV[2]
+local out = {}
+for i = 1, tonumber(ARGV[4]) do
+  local key = ARGV[1] .. id
+  local turn = redis.call('HMGET', key, 'previous', 'items')
+  if not turn[2] then return nil end
+  redis.call('PEXPIRE', key, tonumber(ARGV[3]))
+  out[#out + 1] = turn[2]
+  if not turn[1] or turn[1] == '' then return out end
+  id = turn[1]
+end
+return nil
+";
+
+/// Most turns read back for one conversation.
+const MAX_TURNS: u32 = 10_000;
+
+/// Longest wait for a conversation read back (it may be megabytes); a
+/// slow read fails the read, not the store.
+const KEPT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Lower the shared limit to ×0.75 of the leases held (floor 1).
 const LOWER: &str = r"
 local t = redis.call('TIME')
@@ -177,6 +214,8 @@ pub struct HealthEvent {
 }
 
 struct Scripts {
+    keep_turn: Script,
+    kept: Script,
     acquire: Script,
     release: Script,
     renew: Script,
@@ -403,6 +442,8 @@ impl SharedState {
             replica: uuid::Uuid::now_v7().simple().to_string(),
             next: AtomicU64::new(0),
             scripts: Scripts {
+                keep_turn: Script::new(KEEP_TURN),
+                kept: Script::new(KEPT),
                 acquire: Script::new(ACQUIRE),
                 release: Script::new(RELEASE),
                 renew: Script::new(RENEW),
@@ -600,6 +641,41 @@ impl SharedState {
         if let Ok(Err(err)) = set {
             self.down(&err);
         }
+    }
+
+    /// Keeps one turn of a translated Responses conversation: response
+    /// `id`, the response it continued, its new items (a JSON array).
+    pub async fn keep_turn(&self, id: &str, previous: Option<&str>, items: &str, ttl: Duration) {
+        let mut inv = self.scripts.keep_turn.prepare_invoke();
+        inv.key(format!("{PREFIX}:kept:{id}")).arg(previous.unwrap_or_default()).arg(items).arg(ttl.as_millis() as u64);
+        let _ = self.call::<i64>(inv).await;
+    }
+
+    /// The whole conversation through response `id` (its input items and
+    /// answers, oldest first), if every turn of it is still kept.
+    pub async fn kept(&self, id: &str, ttl: Duration) -> Option<Vec<serde_json::Value>> {
+        if !self.is_up() {
+            return None;
+        }
+        let mut inv = self.scripts.kept.prepare_invoke();
+        inv.arg(format!("{PREFIX}:kept:")).arg(id).arg(ttl.as_millis() as u64).arg(MAX_TURNS);
+        let mut conn = self.conn.clone();
+        let turns = match tokio::time::timeout(KEPT_TIMEOUT, inv.invoke_async::<Option<Vec<String>>>(&mut conn)).await {
+            Ok(Ok(turns)) => turns?,
+            Ok(Err(err)) => {
+                self.down(&err);
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let mut items = Vec::new();
+        for turn in turns.iter().rev() {
+            match serde_json::from_str::<Vec<serde_json::Value>>(turn) {
+                Ok(new) => items.extend(new),
+                Err(_) => return None,
+            }
+        }
+        Some(items)
     }
 
     /// The upstream that stores response `id`, if any replica pinned it.

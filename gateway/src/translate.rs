@@ -69,22 +69,25 @@ pub fn request_keeping(
     target: Protocol,
     body: &[u8],
     model: &str,
-    kept: Option<&std::sync::Arc<crate::kept::Kept>>,
+    kept: Option<&crate::kept::Store>,
 ) -> Result<Translated, String> {
     let mut keep = None;
     let mut resolved = None;
     if client == Protocol::OpenAiResponses {
         let mut v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
         let mut input = Vec::new();
+        let mut continued = None;
         if let Some(previous) = v.get("previous_response_id").and_then(Value::as_str) {
             let Some(history) = kept.and_then(|k| k.get(previous)) else {
                 return Err(format!(
                     "previous_response_id: {previous:?} is not a response tidegate keeps (it keeps the last {} it \
-                     translated, in this process); send the whole conversation (store: false) instead",
+                     translated in each process and, with shared state, every replica's whole conversations for \
+                     response_pin_ttl); send the whole conversation (store: false) instead",
                     crate::kept::MAX_RESPONSES
                 ));
             };
             input.extend(history.iter().cloned());
+            continued = Some((previous.to_owned(), history.len()));
         }
         input.extend(crate::kept::input_items(&v["input"]));
         if v.get("previous_response_id").is_some() {
@@ -97,7 +100,7 @@ pub fn request_keeping(
         if v["store"] != false
             && let Some(store) = kept
         {
-            keep = Some(crate::kept::Keep { store: store.clone(), input });
+            keep = Some(crate::kept::Keep { store: store.clone(), input, previous: continued });
         }
     }
     let body = resolved.as_deref().unwrap_or(body);
