@@ -72,49 +72,20 @@ pub fn request_keeping(
     kept: Option<&crate::kept::Store>,
 ) -> Result<Translated, String> {
     let mut keep = None;
-    let mut resolved = None;
-    if client == Protocol::OpenAiResponses {
-        let mut v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
-        let mut input = Vec::new();
-        let mut continued = None;
-        if let Some(previous) = v.get("previous_response_id").and_then(Value::as_str) {
-            let Some(history) = kept.and_then(|k| k.get(previous)) else {
-                return Err(format!(
-                    "previous_response_id: {previous:?} is not a response tidegate keeps (it keeps the last {} it \
-                     translated in each process and, with shared state, every replica's whole conversations for \
-                     response_pin_ttl); send the whole conversation (store: false) instead",
-                    crate::kept::MAX_RESPONSES
-                ));
-            };
-            input.extend(history.iter().cloned());
-            continued = Some((previous.to_owned(), history.len()));
-        }
-        input.extend(crate::kept::input_items(&v["input"]));
-        if v.get("previous_response_id").is_some() {
-            if let Some(obj) = v.as_object_mut() {
-                obj.remove("previous_response_id");
-                obj.insert("input".into(), Value::Array(input.clone()));
-            }
-            resolved = Some(serde_json::to_vec(&v).map_err(|e| e.to_string())?);
-        }
-        if v["store"] != false
-            && let Some(store) = kept
-        {
-            keep = Some(crate::kept::Keep { store: store.clone(), input, previous: continued });
-        }
-    }
-    let body = resolved.as_deref().unwrap_or(body);
-    // Anthropic bodies (Claude Code's are 50 KB) are read typed, without
-    // a JSON tree; the OpenAI ones as a tree.
-    let tree = || serde_json::from_slice::<Value>(body).map_err(|e| format!("request body: {e}"));
     let mut include_usage = false;
     let mut req = match client {
         Protocol::OpenAiChat => {
-            let v = tree()?;
+            let v = serde_json::from_slice::<Value>(body).map_err(|e| format!("request body: {e}"))?;
             include_usage = v["stream_options"]["include_usage"].as_bool() == Some(true);
             openai_chat::turn::read_request(&v)?
         }
-        Protocol::OpenAiResponses => openai_responses::turn::read_request(&tree()?)?,
+        Protocol::OpenAiResponses => {
+            let (req, kept) = responses_request(body, kept)?;
+            keep = kept;
+            req
+        }
+        // Anthropic bodies (Claude Code's are 50 KB) are read typed,
+        // without a JSON tree.
         Protocol::Anthropic => anthropic::turn::read_request(body)?,
     };
     let body = match target {
@@ -133,6 +104,45 @@ pub fn request_keeping(
         keep,
     };
     Ok(Translated { body: Bytes::from(body), back: Arc::new(back) })
+}
+
+/// A Responses request read (one JSON tree), a `previous_response_id`
+/// resolved from what tidegate kept, and where its answer's conversation
+/// is to be kept (unless `store: false`).
+fn responses_request(
+    body: &[u8],
+    kept: Option<&crate::kept::Store>,
+) -> Result<(crate::protocol::turn::Request, Option<crate::kept::Keep>), String> {
+    let mut v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+    let mut input = Vec::new();
+    let mut continued = None;
+    if let Some(previous) = v.get("previous_response_id").and_then(Value::as_str) {
+        let Some(history) = kept.and_then(|k| k.get(previous)) else {
+            return Err(format!(
+                "previous_response_id: {previous:?} is not a response tidegate keeps (it keeps the last {} it \
+                 translated in each process and, with shared state, every replica's whole conversations for \
+                 response_pin_ttl); send the whole conversation (store: false) instead",
+                crate::kept::MAX_RESPONSES
+            ));
+        };
+        input.extend(history.iter().cloned());
+        continued = Some((previous.to_owned(), history.len()));
+    }
+    input.extend(crate::kept::input_items(&v["input"]));
+    if v.get("previous_response_id").is_some()
+        && let Some(obj) = v.as_object_mut()
+    {
+        obj.remove("previous_response_id");
+        obj.insert("input".into(), Value::Array(input.clone()));
+    }
+    let req = openai_responses::turn::read_request(&v)?;
+    let keep = match kept {
+        Some(store) if v["store"] != false => {
+            Some(crate::kept::Keep { store: store.clone(), input, previous: continued })
+        }
+        _ => None,
+    };
+    Ok((req, keep))
 }
 
 /// An estimate of a messages request's input tokens, for `count_tokens`
@@ -178,10 +188,12 @@ pub fn declare(back: &Back, headers: &mut http::HeaderMap) {
 /// A target's whole 2xx answer in the client's protocol; `Err` when the
 /// answer is not one the target's protocol can give.
 pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON: {e}"))?;
     let reply = match back.target {
-        Protocol::OpenAiChat => openai_chat::turn::read_answer(&v),
-        Protocol::Anthropic => anthropic::turn::read_answer(&v),
+        Protocol::OpenAiChat => openai_chat::turn::read_answer(body),
+        Protocol::Anthropic => {
+            let v: Value = serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON: {e}"))?;
+            anthropic::turn::read_answer(&v)
+        }
         Protocol::OpenAiResponses => None,
     };
     let reply = reply.ok_or_else(|| format!("the answer is not a {} answer", back.target.name()))?;
@@ -194,7 +206,8 @@ pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, String> {
             }
             out
         }
-        Protocol::Anthropic => anthropic::turn::write_answer(&reply, back.reasoning),
+        // Written by hand (see `protocol::json`).
+        Protocol::Anthropic => return Ok(Bytes::from(anthropic::turn::write_answer(&reply, back.reasoning))),
     };
     serde_json::to_vec(&out).map(Bytes::from).map_err(|e| e.to_string())
 }

@@ -52,31 +52,6 @@ pub struct Seen {
     pub response_id: Option<String>,
 }
 
-/// Appends `s` as a JSON string literal (quoted, escaped): the hot
-/// deltas of a translated stream are written without a JSON tree.
-pub fn put_json_str(out: &mut bytes::BytesMut, s: &str) {
-    use bytes::BufMut;
-    // Writing into memory cannot fail.
-    let _ = serde_json::to_writer(out.writer(), s);
-}
-
-/// Appends a number in decimal.
-pub fn put_u64(out: &mut bytes::BytesMut, n: u64) {
-    use bytes::BufMut;
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.put_slice(&digits[at..]);
-}
-
 /// One SSE event as bytes: `event: name` when named, then `data: …` and
 /// the blank line that ends it (`data` holds no newline: JSON on one line).
 pub fn sse_event(name: Option<&str>, data: &[u8]) -> Bytes {

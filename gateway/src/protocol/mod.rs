@@ -18,6 +18,7 @@
 
 pub mod anthropic;
 pub mod events;
+pub mod json;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod turn;

@@ -76,6 +76,23 @@ impl Request {
         Some(each.collect::<Vec<_>>().join(", "))
     }
 
+    /// Bytes of text the request carries (system, messages, tool calls and
+    /// results): what a writer reserves before it starts.
+    pub fn text_len(&self) -> usize {
+        fn of(p: &Part) -> usize {
+            match p {
+                Part::Text(t) => t.len(),
+                Part::Image(Image::Data { data, .. }) => data.len(),
+                Part::Image(Image::Url(url)) => url.len(),
+                Part::Reasoning { text, .. } => text.len(),
+                Part::ToolCall(c) => c.arguments.len() + c.name.len() + c.id.len(),
+                Part::ToolResult { content, .. } => content.iter().map(of).sum(),
+            }
+        }
+        let system: usize = self.system.iter().map(String::len).sum();
+        system + self.messages.iter().flat_map(|m| &m.parts).map(of).sum::<usize>()
+    }
+
     /// Names of the custom (freeform) tools, whose calls go back to the
     /// client as custom tool calls.
     pub fn custom_tools(&self) -> Vec<String> {

@@ -19,7 +19,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use crate::protocol::events::{put_json_str, put_u64, sse_event};
+use crate::protocol::events::sse_event;
+use crate::protocol::json::{Arr, Obj, put_str, put_u64};
 use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
     Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
@@ -41,7 +42,7 @@ struct RequestIn<'a> {
     #[serde(default)]
     stream: Option<bool>,
     #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
+    system: Option<ContentIn<'a>>,
     #[serde(borrow, default)]
     messages: Option<Vec<MessageIn<'a>>>,
     #[serde(borrow, default)]
@@ -79,7 +80,51 @@ struct MessageIn<'a> {
     #[serde(borrow)]
     role: Cow<'a, str>,
     #[serde(borrow)]
-    content: &'a RawValue,
+    content: ContentIn<'a>,
+}
+
+/// A `content` as sent: a string, blocks (each kept as its bytes: a
+/// thinking block goes back verbatim), or null. Read in the request's one
+/// pass, not kept raw and read again.
+enum ContentIn<'a> {
+    Null,
+    Text(Cow<'a, str>),
+    Blocks(Vec<&'a RawValue>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ContentIn<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Content<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Content<'a> {
+            type Value = ContentIn<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or an array of content blocks")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(ContentIn::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ContentIn::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(ContentIn::Text(Cow::Owned(v)))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(ContentIn::Null)
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(ContentIn::Null)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(4));
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    items.push(item);
+                }
+                Ok(ContentIn::Blocks(items))
+            }
+        }
+        d.deserialize_any(Content(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -150,7 +195,7 @@ struct BlockIn<'a> {
     #[serde(borrow, default)]
     tool_use_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<ContentIn<'a>>,
     #[serde(default)]
     is_error: Option<bool>,
     #[serde(borrow, default)]
@@ -203,18 +248,12 @@ impl std::fmt::Display for At {
     }
 }
 
-fn blocks(content: &RawValue, at: At, req: &mut Request) -> Result<Vec<Part>, Refusal> {
-    let raw = content.get();
-    match raw.as_bytes().first() {
-        Some(b'"') => {
-            let text: Cow<'_, str> = serde_json::from_str(raw).map_err(|e| format!("{at}.content: {e}"))?;
-            return Ok(vec![Part::Text(text.into_owned())]);
-        }
-        Some(b'n') => return Ok(Vec::new()),
-        Some(b'[') => {}
-        _ => return Err(format!("{at}.content: must be a string or an array")),
-    }
-    let items: Vec<&RawValue> = serde_json::from_str(raw).map_err(|e| format!("{at}.content: {e}"))?;
+fn blocks(content: ContentIn<'_>, at: At, req: &mut Request) -> Result<Vec<Part>, Refusal> {
+    let items = match content {
+        ContentIn::Text(text) => return Ok(vec![Part::Text(text.into_owned())]),
+        ContentIn::Null => return Ok(Vec::new()),
+        ContentIn::Blocks(items) => items,
+    };
     let mut parts = Vec::with_capacity(items.len());
     for (j, item) in items.into_iter().enumerate() {
         let b: BlockIn<'_> = serde_json::from_str(item.get()).map_err(|e| format!("{at}.content[{j}]: {e}"))?;
@@ -590,29 +629,64 @@ fn message_id(id: &str) -> String {
     if id.starts_with("msg_") { id.to_owned() } else { format!("msg_{}", id.trim_start_matches("chatcmpl-")) }
 }
 
-/// Writes a messages answer (`reasoning`: the client asked for thinking).
-pub fn write_answer(reply: &Reply, reasoning: bool) -> Value {
-    let mut content = Vec::with_capacity(reply.parts.len());
+/// Writes a messages answer (`reasoning`: the client asked for thinking),
+/// as JSON bytes written by hand (see `protocol::json`).
+pub fn write_answer(reply: &Reply, reasoning: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + reply.parts.iter().map(part_len).sum::<usize>());
+    let mut top = Obj::new(&mut out);
+    top.str("id", &message_id(&reply.id)).str("type", "message").str("role", "assistant").str("model", &reply.model);
+    let mut content = Arr::new(top.key("content"));
     for p in &reply.parts {
         match p {
-            Part::Text(t) => content.push(json!({"type": "text", "text": t})),
+            Part::Text(t) => {
+                let mut b = Obj::new(content.item());
+                b.str("type", "text").str("text", t);
+                b.end();
+            }
             Part::Reasoning { text, opaque } if reasoning && !text.is_empty() => {
-                let signature = match opaque {
-                    Some(o) if o.from == Protocol::Anthropic => o.value["signature"].clone(),
-                    _ => json!(TRANSLATED_SIGNATURE),
+                let mut b = Obj::new(content.item());
+                b.str("type", "thinking").str("thinking", text);
+                match opaque {
+                    Some(o) if o.from == Protocol::Anthropic => b.tree("signature", &o.value["signature"]),
+                    _ => b.str("signature", TRANSLATED_SIGNATURE),
                 };
-                content.push(json!({"type": "thinking", "thinking": text, "signature": signature}));
+                b.end();
             }
             Part::ToolCall(c) => {
-                let input = serde_json::from_str::<Value>(&c.arguments).unwrap_or_else(|_| json!({}));
-                content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+                let mut b = Obj::new(content.item());
+                b.str("type", "tool_use").str("id", &c.id).str("name", &c.name);
+                match serde_json::from_str::<&RawValue>(&c.arguments) {
+                    Ok(input) if input.get().starts_with('{') => b.raw("input", input.get()),
+                    _ => b.raw("input", "{}"),
+                };
+                b.end();
             }
             _ => {}
         }
     }
+    content.end();
     let (reason, sequence) = stop_reason(&reply.stop);
-    json!({"id": message_id(&reply.id), "type": "message", "role": "assistant", "model": reply.model,
-        "content": content, "stop_reason": reason, "stop_sequence": sequence, "usage": usage_value(&reply.usage)})
+    top.str("stop_reason", reason).tree("stop_sequence", &sequence);
+    let u = &reply.usage;
+    let mut usage = Obj::new(top.key("usage"));
+    usage
+        .u64("input_tokens", u.input.saturating_sub(u.cached + u.cache_written))
+        .u64("output_tokens", u.output)
+        .u64("cache_read_input_tokens", u.cached)
+        .u64("cache_creation_input_tokens", u.cache_written);
+    usage.end();
+    top.end();
+    out
+}
+
+/// Bytes of text in a part (what a writer reserves).
+fn part_len(p: &Part) -> usize {
+    match p {
+        Part::Text(t) => t.len(),
+        Part::Reasoning { text, .. } => text.len(),
+        Part::ToolCall(c) => c.arguments.len() + c.name.len() + c.id.len(),
+        _ => 0,
+    }
 }
 
 /// Messages events into deltas.
@@ -812,7 +886,7 @@ impl Writer {
                 out.put_slice(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":");
                 put_u64(out, u64::from(self.next));
                 out.put_slice(b",\"delta\":{\"type\":\"text_delta\",\"text\":");
-                put_json_str(out, &text);
+                put_str(out, &text);
                 out.put_slice(b"}}\n\n");
             }
             Delta::Reasoning(text) if self.reasoning => {

@@ -12,7 +12,8 @@ use std::borrow::Cow;
 use bytes::{BufMut, BytesMut};
 use serde_json::{Value, json};
 
-use crate::protocol::events::{put_json_str, put_u64, sse_event};
+use crate::protocol::events::sse_event;
+use crate::protocol::json::{Arr, Obj, put_str, put_u64};
 use crate::protocol::turn::{
     Delta, Image, Message, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
     custom_tool_schema,
@@ -178,101 +179,7 @@ pub(crate) fn push(messages: &mut Vec<Message>, role: Role, parts: Vec<Part>) {
     }
 }
 
-/// A chat request as written: borrowed from the turn, serialised
-/// without a JSON tree in between.
-#[derive(serde::Serialize)]
-struct RequestOut<'a> {
-    model: &'a str,
-    messages: Vec<MessageOut<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<Vec<ToolOut<'a>>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    parallel_tool_calls: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_choice: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_tokens: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_p: Option<f64>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    stop: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reasoning_effort: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    user: Option<&'a str>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stream_options: Option<StreamOptions>,
-}
-
-#[derive(serde::Serialize)]
-struct StreamOptions {
-    include_usage: bool,
-}
-
-#[derive(serde::Serialize)]
-struct MessageOut<'a> {
-    role: &'static str,
-    /// `null` for an assistant turn of tool calls only.
-    content: ContentOut<'a>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tool_calls: Vec<CallOut<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_call_id: Option<&'a str>,
-}
-
-#[derive(serde::Serialize)]
-#[serde(untagged)]
-enum ContentOut<'a> {
-    Null(()),
-    Text(Cow<'a, str>),
-    Parts(Vec<PartOut<'a>>),
-}
-
-#[derive(serde::Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum PartOut<'a> {
-    Text { text: &'a str },
-    ImageUrl { image_url: UrlOut },
-}
-
-#[derive(serde::Serialize)]
-struct UrlOut {
-    url: String,
-}
-
-#[derive(serde::Serialize)]
-struct CallOut<'a> {
-    id: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: FunctionOut<'a>,
-}
-
-#[derive(serde::Serialize)]
-struct FunctionOut<'a> {
-    name: &'a str,
-    arguments: &'a str,
-}
-
-#[derive(serde::Serialize)]
-struct ToolOut<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: ToolFunctionOut<'a>,
-}
-
-#[derive(serde::Serialize)]
-struct ToolFunctionOut<'a> {
-    name: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    description: Option<&'a str>,
-    parameters: &'a Value,
-}
-
+/// The text of `parts`, joined (borrowed when there is one).
 fn text_of_parts<'a>(parts: impl Iterator<Item = &'a Part>) -> Cow<'a, str> {
     let mut texts = parts.filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None });
     let Some(first) = texts.next() else { return Cow::Borrowed("") };
@@ -287,39 +194,62 @@ fn text_of_parts<'a>(parts: impl Iterator<Item = &'a Part>) -> Cow<'a, str> {
     }
 }
 
-fn message<'a>(role: &'static str, content: ContentOut<'a>) -> MessageOut<'a> {
-    MessageOut { role, content, tool_calls: Vec::new(), tool_call_id: None }
+/// A message with string content.
+fn put_message(messages: &mut Arr<'_>, role: &str, text: &str, tool_call_id: Option<&str>) {
+    let mut m = Obj::new(messages.item());
+    m.str("role", role).str("content", text);
+    if let Some(id) = tool_call_id {
+        m.str("tool_call_id", id);
+    }
+    m.end();
 }
 
 /// A user turn's text and images: a string when it is text only.
-fn user_content<'a>(parts: &[&'a Part]) -> ContentOut<'a> {
+fn put_user(messages: &mut Arr<'_>, parts: &[&Part]) {
     if parts.iter().all(|p| matches!(p, Part::Text(_))) {
-        return ContentOut::Text(text_of_parts(parts.iter().copied()));
+        return put_message(messages, "user", &text_of_parts(parts.iter().copied()), None);
     }
-    let items = parts
-        .iter()
-        .filter_map(|p| match p {
-            Part::Text(t) => Some(PartOut::Text { text: t }),
-            Part::Image(image) => Some(PartOut::ImageUrl { image_url: UrlOut { url: image.url() } }),
-            _ => None,
-        })
-        .collect();
-    ContentOut::Parts(items)
+    let mut m = Obj::new(messages.item());
+    m.str("role", "user");
+    let mut items = Arr::new(m.key("content"));
+    for p in parts {
+        let mut item = Obj::new(items.item());
+        match p {
+            Part::Text(t) => {
+                item.str("type", "text").str("text", t);
+            }
+            Part::Image(image) => {
+                item.str("type", "image_url");
+                let mut url = Obj::new(item.key("image_url"));
+                url.str("url", &image.url());
+                url.end();
+            }
+            _ => {}
+        }
+        item.end();
+    }
+    items.end();
+    m.end();
 }
 
-/// Writes a chat-completions request for `model` (JSON bytes); what chat
-/// cannot carry is noted in `req.dropped`.
+/// Writes a chat-completions request for `model` (JSON bytes, written by
+/// hand: see `protocol::json`); what chat cannot carry is noted in
+/// `req.dropped`.
 pub fn write_request(req: &mut Request, model: &str) -> Result<Vec<u8>, serde_json::Error> {
     let mut dropped = Vec::new();
-    let out = {
+    // The conversation's text plus room for the JSON around it.
+    let mut out = Vec::with_capacity(req.text_len() + 256 * (req.messages.len() + 1));
+    {
         let req = &*req;
-        let mut messages = Vec::with_capacity(req.messages.len() + req.system.len());
+        let mut top = Obj::new(&mut out);
+        top.str("model", model);
+        let mut messages = Arr::new(top.key("messages"));
         for text in &req.system {
-            messages.push(message("system", ContentOut::Text(Cow::Borrowed(text))));
+            put_message(&mut messages, "system", text, None);
         }
         for m in &req.messages {
             match m.role {
-                Role::System => messages.push(message("system", ContentOut::Text(text_of_parts(m.parts.iter())))),
+                Role::System => put_message(&mut messages, "system", &text_of_parts(m.parts.iter()), None),
                 Role::User => {
                     let mut plain: Vec<&Part> = Vec::new();
                     for p in &m.parts {
@@ -332,28 +262,21 @@ pub fn write_request(req: &mut Request, model: &str) -> Result<Vec<u8>, serde_js
                                 if *is_error && !text.starts_with("Error") {
                                     text = Cow::Owned(format!("Error: {text}"));
                                 }
-                                messages.push(MessageOut {
-                                    tool_call_id: Some(call_id),
-                                    ..message("tool", ContentOut::Text(text))
-                                });
+                                put_message(&mut messages, "tool", &text, Some(call_id));
                             }
                             Part::Text(_) | Part::Image(_) => plain.push(p),
                             Part::Reasoning { .. } | Part::ToolCall(_) => {}
                         }
                     }
                     if !plain.is_empty() {
-                        messages.push(message("user", user_content(&plain)));
+                        put_user(&mut messages, &plain);
                     }
                 }
                 Role::Assistant => {
-                    let mut calls = Vec::new();
+                    let mut calls: Vec<&ToolCall> = Vec::new();
                     for p in &m.parts {
                         match p {
-                            Part::ToolCall(c) => calls.push(CallOut {
-                                id: &c.id,
-                                kind: "function",
-                                function: FunctionOut { name: &c.name, arguments: &c.arguments },
-                            }),
+                            Part::ToolCall(c) => calls.push(c),
                             Part::Reasoning { opaque: Some(o), .. } => dropped.push(opaque_name(o.from)),
                             Part::Reasoning { opaque: None, .. } => dropped.push("earlier reasoning text"),
                             Part::Image(_) => dropped.push("image in an assistant turn"),
@@ -361,58 +284,95 @@ pub fn write_request(req: &mut Request, model: &str) -> Result<Vec<u8>, serde_js
                         }
                     }
                     let text = text_of_parts(m.parts.iter());
-                    let content = if text.is_empty() && !calls.is_empty() {
-                        ContentOut::Null(())
+                    let mut msg = Obj::new(messages.item());
+                    msg.str("role", "assistant");
+                    if text.is_empty() && !calls.is_empty() {
+                        // `null` for an assistant turn of tool calls only.
+                        msg.raw("content", "null");
                     } else {
-                        ContentOut::Text(text)
-                    };
-                    messages.push(MessageOut { tool_calls: calls, ..message("assistant", content) });
+                        msg.str("content", &text);
+                    }
+                    if !calls.is_empty() {
+                        let mut list = Arr::new(msg.key("tool_calls"));
+                        for c in calls {
+                            let mut call = Obj::new(list.item());
+                            call.str("id", &c.id).str("type", "function");
+                            let mut function = Obj::new(call.key("function"));
+                            function.str("name", &c.name).str("arguments", &c.arguments);
+                            function.end();
+                            call.end();
+                        }
+                        list.end();
+                    }
+                    msg.end();
                 }
             }
         }
-        let tools = (!req.tools.is_empty()).then(|| {
-            req.tools
-                .iter()
-                .map(|t| ToolOut {
-                    kind: "function",
-                    function: ToolFunctionOut {
-                        name: &t.name,
-                        description: t.description.as_deref(),
-                        parameters: &t.parameters,
-                    },
-                })
-                .collect()
-        });
-        let tool_choice = req.tool_choice.as_ref().map(|choice| match choice {
-            ToolChoice::Auto => json!("auto"),
-            ToolChoice::None => json!("none"),
-            ToolChoice::Required => json!("required"),
-            ToolChoice::Named(name) => json!({"type": "function", "function": {"name": name}}),
-        });
-        let out = RequestOut {
-            model,
-            messages,
-            parallel_tool_calls: tools.as_ref().and(req.parallel_tool_calls),
-            tools,
-            tool_choice,
-            max_tokens: req.max_tokens,
-            temperature: req.temperature,
-            top_p: req.top_p,
-            stop: &req.stop,
-            reasoning_effort: req.reasoning.as_ref().map(effort_of),
-            user: req.user.as_deref(),
-            stream: req.stream,
-            stream_options: req.stream.then_some(StreamOptions { include_usage: true }),
-        };
-        serde_json::to_vec(&out)
-    };
+        messages.end();
+        if !req.tools.is_empty() {
+            let mut tools = Arr::new(top.key("tools"));
+            for t in &req.tools {
+                let mut tool = Obj::new(tools.item());
+                tool.str("type", "function");
+                let mut function = Obj::new(tool.key("function"));
+                function.str("name", &t.name);
+                if let Some(d) = &t.description {
+                    function.str("description", d);
+                }
+                function.tree("parameters", &t.parameters);
+                function.end();
+                tool.end();
+            }
+            tools.end();
+            if let Some(parallel) = req.parallel_tool_calls {
+                top.raw("parallel_tool_calls", if parallel { "true" } else { "false" });
+            }
+        }
+        match &req.tool_choice {
+            None => {}
+            Some(ToolChoice::Auto) => {
+                top.str("tool_choice", "auto");
+            }
+            Some(ToolChoice::None) => {
+                top.str("tool_choice", "none");
+            }
+            Some(ToolChoice::Required) => {
+                top.str("tool_choice", "required");
+            }
+            Some(ToolChoice::Named(name)) => {
+                top.value("tool_choice", &json!({"type": "function", "function": {"name": name}}));
+            }
+        }
+        if let Some(n) = req.max_tokens {
+            top.u64("max_tokens", n);
+        }
+        if let Some(t) = req.temperature {
+            top.value("temperature", &t);
+        }
+        if let Some(p) = req.top_p {
+            top.value("top_p", &p);
+        }
+        if !req.stop.is_empty() {
+            top.value("stop", &req.stop);
+        }
+        if let Some(r) = &req.reasoning {
+            top.str("reasoning_effort", &effort_of(r));
+        }
+        if let Some(user) = &req.user {
+            top.str("user", user);
+        }
+        if req.stream {
+            top.raw("stream", "true").raw("stream_options", r#"{"include_usage":true}"#);
+        }
+        top.end();
+    }
     for d in dropped {
         req.drop_note(d);
     }
     if req.top_k.is_some() {
         req.drop_note("top_k");
     }
-    out
+    Ok(out)
 }
 
 /// The effort a reasoning request stands for (a budget as the nearest).
@@ -471,8 +431,49 @@ fn usage_value(u: &Usage) -> Value {
         "completion_tokens_details": {"reasoning_tokens": u.reasoning}})
 }
 
-/// Reads a chat-completions answer.
-pub fn read_answer(v: &Value) -> Option<Reply> {
+/// Reads a chat-completions answer (its bytes). The usual answer is read
+/// typed and borrowed (no JSON tree); one with a field of another type
+/// the slow way. `None` when it is not one.
+pub fn read_answer(body: &[u8]) -> Option<Reply> {
+    match serde_json::from_slice::<ChunkIn<'_>>(body) {
+        Ok(v) => read_typed_answer(v),
+        Err(_) => read_answer_tree(&serde_json::from_slice(body).ok()?),
+    }
+}
+
+fn read_typed_answer(v: ChunkIn<'_>) -> Option<Reply> {
+    let choice = v.choices.into_iter().next()?;
+    let m = choice.message.unwrap_or_default();
+    let mut parts = Vec::new();
+    if let Some(text) = m.reasoning_content.or(m.reasoning).filter(|t| !t.is_empty()) {
+        parts.push(Part::Reasoning { text: text.into_owned(), opaque: None });
+    }
+    if let Some(text) = m.content.filter(|t| !t.is_empty()) {
+        parts.push(Part::Text(text.into_owned()));
+    }
+    for call in m.tool_calls.into_iter().flatten() {
+        let (name, arguments) = call.function.map_or((None, None), |f| (f.name, f.arguments));
+        parts.push(Part::ToolCall(ToolCall {
+            id: call.id.map(Cow::into_owned).unwrap_or_default(),
+            name: name.map(Cow::into_owned).unwrap_or_default(),
+            arguments: arguments.map_or_else(|| "{}".to_owned(), Cow::into_owned),
+            custom: false,
+        }));
+    }
+    let mut stop = stop_of(choice.finish_reason.as_deref().unwrap_or("stop"));
+    if stop == Stop::End && parts.iter().any(|p| matches!(p, Part::ToolCall(_))) {
+        stop = Stop::ToolUse;
+    }
+    Some(Reply {
+        id: v.id.map(Cow::into_owned).unwrap_or_default(),
+        model: v.model.map(Cow::into_owned).unwrap_or_default(),
+        parts,
+        stop,
+        usage: v.usage.map(UsageIn::usage).unwrap_or_default(),
+    })
+}
+
+fn read_answer_tree(v: &Value) -> Option<Reply> {
     let choice = v["choices"].get(0)?;
     let m = &choice["message"];
     let mut parts = Vec::new();
@@ -631,6 +632,9 @@ struct ChunkIn<'a> {
 struct ChoiceIn<'a> {
     #[serde(borrow, default)]
     delta: Option<DeltaIn<'a>>,
+    /// A whole answer's (the same fields as a delta).
+    #[serde(borrow, default)]
+    message: Option<DeltaIn<'a>>,
     #[serde(borrow, default)]
     finish_reason: Option<Cow<'a, str>>,
 }
@@ -691,6 +695,22 @@ struct ReasoningIn {
     reasoning_tokens: Option<u64>,
 }
 
+impl UsageIn {
+    fn usage(self) -> Usage {
+        Usage {
+            input: self.prompt_tokens.unwrap_or(0),
+            output: self.completion_tokens.unwrap_or(0),
+            cached: self
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .or(self.prompt_cache_hit_tokens)
+                .unwrap_or(0),
+            cache_written: 0,
+            reasoning: self.completion_tokens_details.and_then(|d| d.reasoning_tokens).unwrap_or(0),
+        }
+    }
+}
+
 impl Reader {
     fn read_chunk(&mut self, chunk: ChunkIn<'_>, out: &mut Vec<Delta>) {
         if !self.started {
@@ -733,17 +753,7 @@ impl Reader {
             }
         }
         if let Some(u) = chunk.usage {
-            out.push(Delta::Usage(Usage {
-                input: u.prompt_tokens.unwrap_or(0),
-                output: u.completion_tokens.unwrap_or(0),
-                cached: u
-                    .prompt_tokens_details
-                    .and_then(|d| d.cached_tokens)
-                    .or(u.prompt_cache_hit_tokens)
-                    .unwrap_or(0),
-                cache_written: 0,
-                reasoning: u.completion_tokens_details.and_then(|d| d.reasoning_tokens).unwrap_or(0),
-            }));
+            out.push(Delta::Usage(u.usage()));
         }
     }
 }
@@ -816,13 +826,13 @@ impl Writer {
                 self.start(out);
                 // The hot chunk, written without a JSON tree.
                 out.put_slice(b"data: {\"id\":");
-                put_json_str(out, &self.id);
+                put_str(out, &self.id);
                 out.put_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
                 put_u64(out, self.created.max(0) as u64);
                 out.put_slice(b",\"model\":");
-                put_json_str(out, &self.model);
+                put_str(out, &self.model);
                 out.put_slice(b",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
-                put_json_str(out, &text);
+                put_str(out, &text);
                 out.put_slice(b"},\"finish_reason\":null}]}\n\n");
             }
             Delta::Reasoning(text) if self.reasoning => {

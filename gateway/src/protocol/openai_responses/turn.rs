@@ -13,7 +13,8 @@
 use bytes::{BufMut, BytesMut};
 use serde_json::{Value, json};
 
-use crate::protocol::events::{put_json_str, put_u64, sse_event};
+use crate::protocol::events::sse_event;
+use crate::protocol::json::{put_str, put_u64};
 use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
     Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
@@ -456,11 +457,11 @@ impl Writer {
                 out.put_slice(b"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":");
                 put_u64(out, self.seq);
                 out.put_slice(b",\"item_id\":");
-                put_json_str(out, id);
+                put_str(out, id);
                 out.put_slice(b",\"output_index\":");
                 put_u64(out, at as u64);
                 out.put_slice(b",\"content_index\":0,\"delta\":");
-                put_json_str(out, &text);
+                put_str(out, &text);
                 out.put_slice(b"}\n\n");
                 self.seq += 1;
             }
