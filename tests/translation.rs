@@ -374,6 +374,13 @@ async fn failover_crosses_protocols_and_the_journal_says_so() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     let id = resp.headers()["x-tidegate-request-id"].to_str().unwrap().to_owned();
+    // Read whole and translated, the answer goes out with its length (not
+    // chunked), and its end is still recorded: hyper stops polling a sized
+    // body at its last byte.
+    let length = resp.headers().get("content-length").map(|v| v.to_str().unwrap().parse::<usize>().unwrap());
+    assert!(!resp.headers().contains_key("transfer-encoding"), "{:?}", resp.headers());
+    let text = resp.text().await.unwrap();
+    assert_eq!(length, Some(text.len()), "{text}");
     for _ in 0..200 {
         row = admin_json(&gw, &format!("/admin/requests/{id}")).await;
         if row["attempts"].as_array().is_some_and(|a| !a.is_empty()) {
@@ -382,6 +389,8 @@ async fn failover_crosses_protocols_and_the_journal_says_so() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!(row["via"], "openai-chat", "{row}");
+    assert_eq!(row["outcome"], "completed", "{row}");
+    assert!(row["tokens_out"].as_u64().is_some_and(|n| n > 0), "usage read from the answer: {row}");
     assert_eq!(
         row["attempts"],
         json!([{"upstream": "chat", "status": 200, "class": null, "summary": "",

@@ -90,7 +90,7 @@ pub fn request_keeping(
     };
     let body = match target {
         Protocol::OpenAiChat => openai_chat::turn::write_request(&mut req, model),
-        Protocol::Anthropic => serde_json::to_vec(&anthropic::turn::write_request(&mut req, model)),
+        Protocol::Anthropic => Ok(json_bytes(&anthropic::turn::write_request(&mut req, model), req.text_len())),
         Protocol::OpenAiResponses => return Err("the Responses API is not reached by translation".into()),
     };
     let body = body.map_err(|e| format!("translated body: {e}"))?;
@@ -209,7 +209,15 @@ pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, String> {
         // Written by hand (see `protocol::json`).
         Protocol::Anthropic => return Ok(Bytes::from(anthropic::turn::write_answer(&reply, back.reasoning))),
     };
-    serde_json::to_vec(&out).map(Bytes::from).map_err(|e| e.to_string())
+    Ok(Bytes::from(json_bytes(&out, body.len())))
+}
+
+/// A JSON tree as bytes, its strings escaped eight bytes at a time (see
+/// `protocol::json`); `size`: about how long it will be.
+fn json_bytes(v: &Value, size: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(size + 256);
+    crate::protocol::json::put_value(&mut out, v);
+    out
 }
 
 /// A target's error answer (`status`, `body`) in the client's shape: the

@@ -92,6 +92,14 @@ pub fn put_u64(out: &mut impl BufMut, n: u64) {
     out.put_slice(&digits[at..]);
 }
 
+/// The comma before every member or item but the first.
+fn comma(out: &mut Vec<u8>, empty: &mut bool) {
+    if !*empty {
+        out.push(b',');
+    }
+    *empty = false;
+}
+
 /// An object being written: `{`, then members, then [`Obj::end`].
 pub struct Obj<'a> {
     out: &'a mut Vec<u8>,
@@ -107,10 +115,7 @@ impl<'a> Obj<'a> {
 
     /// Writes `"key":` and returns the buffer for its value.
     pub fn key(&mut self, key: &str) -> &mut Vec<u8> {
-        if !self.empty {
-            self.out.push(b',');
-        }
-        self.empty = false;
+        comma(self.out, &mut self.empty);
         put_str(self.out, key);
         self.out.push(b':');
         self.out
@@ -199,10 +204,7 @@ impl<'a> Arr<'a> {
 
     /// Returns the buffer for the next item.
     pub fn item(&mut self) -> &mut Vec<u8> {
-        if !self.empty {
-            self.out.push(b',');
-        }
-        self.empty = false;
+        comma(self.out, &mut self.empty);
         self.out
     }
 

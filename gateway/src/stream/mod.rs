@@ -546,8 +546,11 @@ impl Body for RelayBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match (&self.inner, &self.sse) {
-            (Some(inner), None) => inner.size_hint(),
+        match (&self.inner, &self.sse, &self.last) {
+            (Some(inner), None, _) => inner.size_hint(),
+            // A JSON answer read whole (checked, or translated): its
+            // length is known, and sent as `Content-Length`, not chunked.
+            (None, None, Some(whole)) => SizeHint::with_exact(whole.len() as u64),
             _ => SizeHint::default(),
         }
     }
@@ -569,6 +572,13 @@ impl RelayBody {
                 return Poll::Ready(Some(Ok(frame)));
             }
             if let Some(last) = this.last.take() {
+                if this.inner.is_none() && this.sse.is_none() {
+                    // A JSON answer read whole is sized (`size_hint`), and
+                    // hyper stops polling once it is sent: its end comes
+                    // with it.
+                    this.end();
+                    this.finished = true;
+                }
                 return Poll::Ready(Some(Ok(last)));
             }
             let Some(inner) = this.inner.as_mut() else {

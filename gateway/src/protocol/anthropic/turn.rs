@@ -327,7 +327,10 @@ fn blocks(content: ContentIn<'_>, at: At, req: &mut Request) -> Result<Vec<Part>
 
 /// Reads a messages request (the body's bytes).
 pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
-    let v: RequestIn<'_> = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+    // UTF-8 checked once for the whole body (a fast pass), not string by
+    // string as the parser reads them.
+    let body = std::str::from_utf8(body).map_err(|e| format!("request body: {e}"))?;
+    let v: RequestIn<'_> = serde_json::from_str(body).map_err(|e| format!("request body: {e}"))?;
     let mut req = Request { stream: v.stream.unwrap_or(false), ..Request::default() };
     if let Some(system) = v.system {
         for part in blocks(system, At::System, &mut req)? {
