@@ -57,7 +57,8 @@ pub fn route<'a>(
                 if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
             )));
         };
-        let serving = |t: &Target| gw.upstreams.get(t.upstream).is_some_and(|u| u.way(endpoint, t.translate).is_some());
+        let way = |t: &Target| gw.upstreams.get(t.upstream).and_then(|u| u.way(endpoint, t.translate));
+        let serving = |t: &Target| way(t).is_some();
         if endpoint == Endpoint::CountTokens && !model.targets.iter().any(serving) {
             // No Anthropic target to count them: an estimate, said to be one.
             return crate::translate::estimate_tokens(&body)
@@ -83,19 +84,13 @@ pub fn route<'a>(
             Some(id) => pinned(gw, id, model).await?,
             None => None,
         };
-        if let (Some(id), None) = (&head.previous_response_id, pin) {
-            let translated = |t: &Target| {
-                gw.upstreams
-                    .get(t.upstream)
-                    .and_then(|u| u.way(endpoint, t.translate))
-                    .is_some_and(|w| w != protocol::Way::Native)
-            };
-            if model.targets.iter().any(translated) {
-                // A translated target is sent the whole conversation, which
-                // another replica may have answered: read it back now (the
-                // attempt loop's translation does not wait).
-                gw.kept.fetch(id).await;
-            }
+        if let (Some(id), None) = (&head.previous_response_id, pin)
+            && model.targets.iter().any(|t| way(t).is_some_and(|w| w != protocol::Way::Native))
+        {
+            // A translated target is sent the whole conversation, which
+            // another replica may have answered: read it back now (the
+            // attempt loop's translation does not wait).
+            gw.kept.fetch(id).await;
         }
         let asked = match headers.get(headers::PRIORITY) {
             None => None,

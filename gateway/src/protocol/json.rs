@@ -184,8 +184,11 @@ pub fn put_value(out: &mut Vec<u8>, value: &Value) {
             }
             obj.end();
         }
-        // Numbers, booleans and null: serde_json's own form.
-        other => out.extend_from_slice(other.to_string().as_bytes()),
+        // Numbers, booleans and null: serde_json's own form, written in
+        // place (writing into memory cannot fail).
+        other => {
+            let _ = serde_json::to_writer(&mut *out, other);
+        }
     }
 }
 

@@ -79,18 +79,8 @@ impl Request {
     /// Bytes of text the request carries (system, messages, tool calls and
     /// results): what a writer reserves before it starts.
     pub fn text_len(&self) -> usize {
-        fn of(p: &Part) -> usize {
-            match p {
-                Part::Text(t) => t.len(),
-                Part::Image(Image::Data { data, .. }) => data.len(),
-                Part::Image(Image::Url(url)) => url.len(),
-                Part::Reasoning { text, .. } => text.len(),
-                Part::ToolCall(c) => c.arguments.len() + c.name.len() + c.id.len(),
-                Part::ToolResult { content, .. } => content.iter().map(of).sum(),
-            }
-        }
         let system: usize = self.system.iter().map(String::len).sum();
-        system + self.messages.iter().flat_map(|m| &m.parts).map(of).sum::<usize>()
+        system + self.messages.iter().flat_map(|m| &m.parts).map(Part::text_len).sum::<usize>()
     }
 
     /// Names of the custom (freeform) tools, whose calls go back to the
@@ -158,6 +148,20 @@ pub enum Part {
         /// The tool failed.
         is_error: bool,
     },
+}
+
+impl Part {
+    /// Bytes of text it carries (what a writer reserves for it).
+    pub fn text_len(&self) -> usize {
+        match self {
+            Part::Text(t) => t.len(),
+            Part::Image(Image::Data { data, .. }) => data.len(),
+            Part::Image(Image::Url(url)) => url.len(),
+            Part::Reasoning { text, .. } => text.len(),
+            Part::ToolCall(c) => c.arguments.len() + c.name.len() + c.id.len(),
+            Part::ToolResult { content, .. } => content.iter().map(Part::text_len).sum(),
+        }
+    }
 }
 
 /// An image, inline or by URL.

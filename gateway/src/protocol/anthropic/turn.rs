@@ -635,7 +635,7 @@ fn message_id(id: &str) -> String {
 /// Writes a messages answer (`reasoning`: the client asked for thinking),
 /// as JSON bytes written by hand (see `protocol::json`).
 pub fn write_answer(reply: &Reply, reasoning: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256 + reply.parts.iter().map(part_len).sum::<usize>());
+    let mut out = Vec::with_capacity(256 + reply.parts.iter().map(Part::text_len).sum::<usize>());
     let mut top = Obj::new(&mut out);
     top.str("id", &message_id(&reply.id)).str("type", "message").str("role", "assistant").str("model", &reply.model);
     let mut content = Arr::new(top.key("content"));
@@ -680,16 +680,6 @@ pub fn write_answer(reply: &Reply, reasoning: bool) -> Vec<u8> {
     usage.end();
     top.end();
     out
-}
-
-/// Bytes of text in a part (what a writer reserves).
-fn part_len(p: &Part) -> usize {
-    match p {
-        Part::Text(t) => t.len(),
-        Part::Reasoning { text, .. } => text.len(),
-        Part::ToolCall(c) => c.arguments.len() + c.name.len() + c.id.len(),
-        _ => 0,
-    }
 }
 
 /// Messages events into deltas.
