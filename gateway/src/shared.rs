@@ -512,18 +512,32 @@ impl SharedState {
     }
 
     async fn call<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Option<T> {
+        self.call_within(inv, TIMEOUT * 2, true).await
+    }
+
+    /// A script call given `within`; an error marks the store down, a
+    /// timeout too when `late_is_down` (a slow answer to a large read is
+    /// that read failing, not the store).
+    async fn call_within<T: redis::FromRedisValue>(
+        &self,
+        inv: redis::ScriptInvocation<'_>,
+        within: Duration,
+        late_is_down: bool,
+    ) -> Option<T> {
         if !self.is_up() {
             return None;
         }
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(TIMEOUT * 2, inv.invoke_async::<T>(&mut conn)).await {
+        match tokio::time::timeout(within, inv.invoke_async::<T>(&mut conn)).await {
             Ok(Ok(v)) => Some(v),
             Ok(Err(err)) => {
                 self.down(&err);
                 None
             }
             Err(_) => {
-                self.down(&redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)));
+                if late_is_down {
+                    self.down(&redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)));
+                }
                 None
             }
         }
@@ -654,20 +668,9 @@ impl SharedState {
     /// The whole conversation through response `id` (its input items and
     /// answers, oldest first), if every turn of it is still kept.
     pub async fn kept(&self, id: &str, ttl: Duration) -> Option<Vec<serde_json::Value>> {
-        if !self.is_up() {
-            return None;
-        }
         let mut inv = self.scripts.kept.prepare_invoke();
         inv.arg(format!("{PREFIX}:kept:")).arg(id).arg(ttl.as_millis() as u64).arg(MAX_TURNS);
-        let mut conn = self.conn.clone();
-        let turns = match tokio::time::timeout(KEPT_TIMEOUT, inv.invoke_async::<Option<Vec<String>>>(&mut conn)).await {
-            Ok(Ok(turns)) => turns?,
-            Ok(Err(err)) => {
-                self.down(&err);
-                return None;
-            }
-            Err(_) => return None,
-        };
+        let turns = self.call_within::<Option<Vec<String>>>(inv, KEPT_TIMEOUT, false).await??;
         let mut items = Vec::new();
         for turn in turns.iter().rev() {
             match serde_json::from_str::<Vec<serde_json::Value>>(turn) {
