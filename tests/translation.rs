@@ -63,12 +63,14 @@ fn request(client: Protocol, model: &str, stream: bool, reasoning: bool) -> Valu
         Protocol::Anthropic => json!({"model": model, "stream": stream, "max_tokens": 2048, "system": "be brief",
             "messages": [{"role": "user", "content": "read it"}],
             "tools": [{"name": "read_file", "description": "reads", "input_schema": schema}]}),
+        Protocol::Gemini => panic!("Gemini clients name the model in the path: tests/gemini.rs"),
     };
     if reasoning {
         match client {
             Protocol::OpenAiChat => v["reasoning_effort"] = json!("low"),
             Protocol::OpenAiResponses => v["reasoning"] = json!({"effort": "low", "summary": "auto"}),
             Protocol::Anthropic => v["thinking"] = json!({"type": "enabled", "budget_tokens": 1024}),
+            Protocol::Gemini => panic!("tests/gemini.rs"),
         }
     }
     v
@@ -124,6 +126,7 @@ fn said(client: Protocol, v: &Value) -> Said {
             }
             said.output_tokens = v["usage"]["output_tokens"].as_u64();
         }
+        Protocol::Gemini => panic!("tests/gemini.rs"),
     }
     said
 }

@@ -173,6 +173,38 @@ fn anthropic_events(p: &Plan) -> Vec<String> {
     out
 }
 
+/// The plan as a Gemini stream: thoughts, text, each call whole in its
+/// chunk, a last chunk with the finish reason (Gemini has no terminal
+/// event: plans 0 and 1 end alike).
+fn gemini_events(p: &Plan) -> Vec<String> {
+    let chunk = |parts: serde_json::Value, finish: Option<&str>| {
+        let mut candidate = json!({"content": {"role": "model", "parts": parts}, "index": 0});
+        if let Some(f) = finish {
+            candidate["finishReason"] = json!(f);
+        }
+        let mut v = json!({"candidates": [candidate], "responseId": "r1", "modelVersion": "m"});
+        if finish.is_some() {
+            v["usageMetadata"] = json!({"promptTokenCount": 3, "candidatesTokenCount": 7});
+        }
+        format!("data: {v}\r\n\r\n")
+    };
+    let mut out: Vec<String> = p.reasoning.iter().map(|r| chunk(json!([{"text": r, "thought": true}]), None)).collect();
+    out.extend(p.text.iter().map(|t| chunk(json!([{"text": t}]), None)));
+    for (name, pieces) in &p.calls {
+        let args: serde_json::Value = serde_json::from_str(&pieces.concat()).unwrap();
+        out.push(chunk(json!([{"functionCall": {"name": name, "args": args}}]), None));
+    }
+    for (n, at) in p.pings.iter().enumerate() {
+        out.insert((*at).min(out.len()), format!(": keep-alive {n}\n\n"));
+    }
+    match p.end {
+        0 | 1 => out.push(chunk(json!([]), Some("STOP"))),
+        3 => out.push(sse(None, json!({"error": {"code": 500, "message": "boom", "status": "INTERNAL"}}))),
+        _ => {}
+    }
+    out
+}
+
 fn client_request(client: Protocol, reasoning: bool) -> Vec<u8> {
     let mut v = match client {
         Protocol::OpenAiChat => json!({"model": "m", "stream": true, "stream_options": {"include_usage": true},
@@ -181,12 +213,16 @@ fn client_request(client: Protocol, reasoning: bool) -> Vec<u8> {
         Protocol::Anthropic => {
             json!({"model": "m", "stream": true, "max_tokens": 4096, "messages": [{"role": "user", "content": "hi"}]})
         }
+        Protocol::Gemini => json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}),
     };
     if reasoning {
         match client {
             Protocol::OpenAiChat => v["reasoning_effort"] = json!("low"),
             Protocol::OpenAiResponses => v["reasoning"] = json!({"effort": "low"}),
             Protocol::Anthropic => v["thinking"] = json!({"type": "enabled", "budget_tokens": 2048}),
+            Protocol::Gemini => {
+                v["generationConfig"] = json!({"thinkingConfig": {"thinkingBudget": 2048, "includeThoughts": true}})
+            }
         }
     }
     serde_json::to_vec(&v).unwrap()
@@ -198,6 +234,11 @@ fn pairs() -> impl Strategy<Value = (Protocol, Protocol)> {
         Just((Protocol::OpenAiResponses, Protocol::OpenAiChat)),
         Just((Protocol::OpenAiResponses, Protocol::Anthropic)),
         Just((Protocol::Anthropic, Protocol::OpenAiChat)),
+        Just((Protocol::Gemini, Protocol::Anthropic)),
+        Just((Protocol::Gemini, Protocol::OpenAiChat)),
+        Just((Protocol::Anthropic, Protocol::Gemini)),
+        Just((Protocol::OpenAiChat, Protocol::Gemini)),
+        Just((Protocol::OpenAiResponses, Protocol::Gemini)),
     ]
 }
 
@@ -211,9 +252,13 @@ proptest! {
         reasoning in any::<bool>(),
         groups in prop::collection::vec(1usize..4, 1..40),
     ) {
-        let back = translate::request(client, target, &client_request(client, reasoning), "m").unwrap().back;
+        let back = translate::request_keeping(client, target, &client_request(client, reasoning), "m", true, None).unwrap().back;
         let mut stream = Stream::new(&back).unwrap();
-        let events = if target == Protocol::Anthropic { anthropic_events(&plan) } else { chat_events(&plan) };
+        let events = match target {
+            Protocol::Anthropic => anthropic_events(&plan),
+            Protocol::Gemini => gemini_events(&plan),
+            _ => chat_events(&plan),
+        };
         let mut out: Vec<Bytes> = Vec::new();
         // Whole events in groups of any size, as the relay hands them over.
         let mut rest = events.as_slice();
@@ -226,6 +271,8 @@ proptest! {
         // What the relay does at the upstream's end: a finished answer
         // gets the client's terminal events, a cut one its error event.
         match plan.end {
+            // Gemini has no terminal event: its end is the relay's finish.
+            0 if target == Protocol::Gemini => out.push(stream.finish()),
             0 | 3 => {}
             1 => out.push(stream.finish()),
             _ => out.push(stream.fail(ErrorKind::Api, "tidegate: the stream broke")),

@@ -148,6 +148,18 @@ impl GatewayError {
         }
     }
 
+    /// When coming back may help, if tidegate says so.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            GatewayError::QueueFull { retry_after, .. } | GatewayError::ClientLimit { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            GatewayError::GaveUp { retry_after, .. } => *retry_after,
+            GatewayError::ShuttingDown => Some(std::time::Duration::from_secs(1)),
+            _ => None,
+        }
+    }
+
     /// The HTTP status this error is answered with.
     pub fn status(&self) -> StatusCode {
         self.status_kind().0
@@ -156,7 +168,14 @@ impl GatewayError {
     /// Renders the error in the client's protocol.
     pub fn into_response(self, protocol: Protocol) -> Response {
         let (status, kind, code) = self.status_kind();
-        let body = protocol.error_body(kind, &format!("tidegate: {self}"), code);
+        let message = format!("tidegate: {self}");
+        let body = match protocol {
+            // Google's clients read when to come back from the body.
+            Protocol::Gemini => {
+                crate::protocol::gemini::answer_error(status.as_u16(), kind, &message, code, self.retry_after())
+            }
+            _ => protocol.error_body(kind, &message, code),
+        };
         let mut resp = Response::new(Body::from(body));
         *resp.status_mut() = status;
         let headers = resp.headers_mut();

@@ -24,11 +24,13 @@ use crate::relay::Job;
 use crate::report::Report;
 
 /// Routes an admitted request (`body`, the client's `headers`) asked on
-/// `endpoint`; fills in the record's model, stream and trace.
+/// `endpoint`, for the model `named` in its path (Gemini) or else in its
+/// body; fills in the record's model, stream and trace.
 #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
 pub fn route<'a>(
     gw: &'a Arc<Gateway>,
     endpoint: Endpoint,
+    named: Option<String>,
     headers: HeaderMap,
     body: Bytes,
     record: &'a mut Report,
@@ -36,7 +38,11 @@ pub fn route<'a>(
     // Not an `async fn`: it would keep the headers and the body twice in
     // the request's future.
     async move {
-        let head = protocol::peek(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
+        let head = match &named {
+            Some(model) => protocol::gemini::peek(&body, model, endpoint == Endpoint::StreamGenerateContent),
+            None => protocol::peek(&body),
+        };
+        let head = head.map_err(|e| GatewayError::BadRequest(e.to_string()))?;
         record.stream = head.stream;
         record.protocol = Some(endpoint.protocol());
         let found = gw.config.find_route(&head.model);
@@ -59,9 +65,9 @@ pub fn route<'a>(
         };
         let way = |t: &Target| gw.upstreams.get(t.upstream).and_then(|u| u.way(endpoint, t.translate));
         let serving = |t: &Target| way(t).is_some();
-        if endpoint == Endpoint::CountTokens && !model.targets.iter().any(serving) {
-            // No Anthropic target to count them: an estimate, said to be one.
-            return crate::translate::estimate_tokens(&body)
+        if endpoint.counts_tokens() && !model.targets.iter().any(serving) {
+            // No target of its protocol to count them: an estimate, said to be one.
+            return crate::translate::estimate_tokens(endpoint.protocol(), &body)
                 .map(Routed::Estimate)
                 .map_err(|why| GatewayError::BadRequest(format!("count_tokens: {why}")));
         }

@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
 use crate::protocol::turn::Delta;
-use crate::protocol::{ErrorKind, Protocol, anthropic, kind_of_status, openai_chat, openai_responses};
+use crate::protocol::{ErrorKind, Protocol, anthropic, gemini, kind_of_status, openai_chat, openai_responses};
 
 pub use crate::protocol::Way;
 
@@ -57,18 +57,20 @@ pub struct Translated {
 /// Translates a client's `body` (in `client`'s protocol) for a target
 /// speaking `target`, naming `model`; `Err` names what cannot be said.
 pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> Result<Translated, String> {
-    request_keeping(client, target, body, model, None)
+    request_keeping(client, target, body, model, false, None)
 }
 
 /// [`request`], keeping a Responses answer's conversation in `kept`
 /// (unless the request says `store: false`) and sending a request that
 /// continues one (`previous_response_id`) its whole history. `Err` also
-/// when the response it continues is not kept (any more).
+/// when the response it continues is not kept (any more). `stream`: the
+/// client asked for a stream outside the body (Gemini's method).
 pub fn request_keeping(
     client: Protocol,
     target: Protocol,
     body: &[u8],
     model: &str,
+    stream: bool,
     kept: Option<&crate::kept::Store>,
 ) -> Result<Translated, String> {
     let mut keep = None;
@@ -87,10 +89,13 @@ pub fn request_keeping(
         // Anthropic bodies (Claude Code's are 50 KB) are read typed,
         // without a JSON tree.
         Protocol::Anthropic => anthropic::turn::read_request(body)?,
+        Protocol::Gemini => gemini::turn::read_request(body, stream)?,
     };
     let body = match target {
         Protocol::OpenAiChat => openai_chat::turn::write_request(&mut req, model),
         Protocol::Anthropic => Ok(json_bytes(&anthropic::turn::write_request(&mut req, model), req.text_len())),
+        // The model and the stream are in the path.
+        Protocol::Gemini => Ok(json_bytes(&gemini::turn::write_request(&mut req), req.text_len())),
         Protocol::OpenAiResponses => return Err("the Responses API is not reached by translation".into()),
     };
     let body = body.map_err(|e| format!("translated body: {e}"))?;
@@ -145,13 +150,23 @@ fn responses_request(
     Ok((req, keep))
 }
 
-/// An estimate of a messages request's input tokens, for `count_tokens`
-/// on an alias with no Anthropic target: a quarter of the characters of
+/// An estimate of a messages (or Gemini) request's input tokens, for
+/// `count_tokens` on an alias with no target of that protocol: a quarter of the characters of
 /// its system prompt, messages (text, tool calls and results) and tool
 /// definitions, plus a few per message. An estimate, and answered as one.
-pub fn estimate_tokens(body: &[u8]) -> Result<u64, String> {
+pub fn estimate_tokens(protocol: Protocol, body: &[u8]) -> Result<u64, String> {
     use crate::protocol::turn::Part;
-    let req = anthropic::turn::read_request(body)?;
+    let req = match protocol {
+        // `countTokens` takes contents, or a whole `generateContentRequest`.
+        Protocol::Gemini => {
+            let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+            match v.get("generateContentRequest") {
+                Some(inner) => gemini::turn::read_request(inner.to_string().as_bytes(), false)?,
+                None => gemini::turn::read_request(body, false)?,
+            }
+        }
+        _ => anthropic::turn::read_request(body)?,
+    };
     fn chars(p: &Part) -> usize {
         match p {
             Part::Text(t) => t.chars().count(),
@@ -194,6 +209,7 @@ pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, String> {
             let v: Value = serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON: {e}"))?;
             anthropic::turn::read_answer(&v)
         }
+        Protocol::Gemini => gemini::turn::read_answer(body),
         Protocol::OpenAiResponses => None,
     };
     let reply = reply.ok_or_else(|| format!("the answer is not a {} answer", back.target.name()))?;
@@ -208,6 +224,7 @@ pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, String> {
         }
         // Written by hand (see `protocol::json`).
         Protocol::Anthropic => return Ok(Bytes::from(anthropic::turn::write_answer(&reply, back.reasoning))),
+        Protocol::Gemini => gemini::turn::write_answer(&reply, back.reasoning),
     };
     Ok(Bytes::from(json_bytes(&out, body.len())))
 }
@@ -241,12 +258,14 @@ pub fn error(back: &Back, status: u16, body: &[u8]) -> Bytes {
 enum Reader {
     Chat(openai_chat::turn::Reader),
     Anthropic(anthropic::turn::Reader),
+    Gemini(gemini::turn::Reader),
 }
 
 enum Writer {
     Chat(openai_chat::turn::Writer),
     Responses(openai_responses::turn::Writer),
     Anthropic(anthropic::turn::Writer),
+    Gemini(gemini::turn::Writer),
 }
 
 /// A target's SSE events into the client's, event by event: every
@@ -272,6 +291,7 @@ impl Stream {
         let reader = match back.target {
             Protocol::OpenAiChat => Reader::Chat(openai_chat::turn::Reader::default()),
             Protocol::Anthropic => Reader::Anthropic(anthropic::turn::Reader::default()),
+            Protocol::Gemini => Reader::Gemini(gemini::turn::Reader::default()),
             Protocol::OpenAiResponses => return None,
         };
         let writer = match back.client {
@@ -282,6 +302,7 @@ impl Stream {
                 back.keep.clone(),
             )),
             Protocol::Anthropic => Writer::Anthropic(anthropic::turn::Writer::new(back.reasoning)),
+            Protocol::Gemini => Writer::Gemini(gemini::turn::Writer::new(back.reasoning)),
         };
         Some(Stream { reader, writer, deltas: Vec::new() })
     }
@@ -293,12 +314,14 @@ impl Stream {
             match &mut self.reader {
                 Reader::Chat(r) => r.read(data, &mut self.deltas),
                 Reader::Anthropic(r) => r.read(name, data, &mut self.deltas),
+                Reader::Gemini(r) => r.read(data, &mut self.deltas),
             }
             for delta in self.deltas.drain(..) {
                 match &mut self.writer {
                     Writer::Chat(w) => w.write(delta, &mut out),
                     Writer::Responses(w) => w.write(delta, &mut out),
                     Writer::Anthropic(w) => w.write(delta, &mut out),
+                    Writer::Gemini(w) => w.write(delta, &mut out),
                 }
             }
         });
@@ -313,6 +336,7 @@ impl Stream {
             Writer::Chat(w) => w.finish(&mut out),
             Writer::Responses(w) => w.finish(&mut out),
             Writer::Anthropic(w) => w.finish(&mut out),
+            Writer::Gemini(w) => w.finish(&mut out),
         }
         out.freeze()
     }
@@ -324,6 +348,7 @@ impl Stream {
             Writer::Chat(w) => w.fail(kind, message, &mut out),
             Writer::Responses(w) => w.fail(kind, message, &mut out),
             Writer::Anthropic(w) => w.fail(kind, message, &mut out),
+            Writer::Gemini(w) => w.fail(kind, message, &mut out),
         }
         out.freeze()
     }

@@ -112,7 +112,7 @@ fn aws_error(status: StatusCode, kind: &str, message: &str) -> Response {
 }
 
 /// Google error: `{"error":{"code","message","status"}}`.
-fn google_error(code: u16, status: &str, message: &str) -> Response {
+pub(super) fn google_error(code: u16, status: &str, message: &str) -> Response {
     let body = serde_json::json!({ "error": { "code": code, "message": message, "status": status } }).to_string();
     respond(StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST), "application/json", Body::from(body))
 }
@@ -326,19 +326,13 @@ pub(super) async fn vertex(
     req: Request,
 ) -> Response {
     let (flight, parts, body) = arrive(&state, req).await;
-    if state.config.clouds.google.is_some() {
-        let bearer = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
-        let token = bearer.strip_prefix("Bearer ").unwrap_or_default();
-        let valid =
-            state.tokens.lock().is_ok_and(|t| t.get(token).is_some_and(|until| *until > tokio::time::Instant::now()));
-        if !valid {
-            flight.finish();
-            return google_error(
-                401,
-                "UNAUTHENTICATED",
-                "Request had invalid authentication credentials. Expected OAuth 2 access token.",
-            );
-        }
+    if !google_token_valid(&state, &parts.headers) {
+        flight.finish();
+        return google_error(
+            401,
+            "UNAUTHENTICATED",
+            "Request had invalid authentication credentials. Expected OAuth 2 access token.",
+        );
     }
     let Some((model, verb)) = action.rsplit_once(':') else {
         flight.finish();
@@ -358,6 +352,30 @@ pub(super) async fn vertex(
         );
     };
     serve(state, Endpoint::Messages, flight, inner).await
+}
+
+/// `POST /v1/projects/{p}/locations/{r}/publishers/google/models/
+/// {model}:{method}`: Gemini on Vertex AI (an OAuth token when the
+/// simulator holds a Google account; the body is Gemini's own).
+pub(super) async fn vertex_gemini(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    let path = req.uri().path().to_owned();
+    let (flight, parts, body) = arrive(&state, req).await;
+    if !google_token_valid(&state, &parts.headers) {
+        flight.finish();
+        return google_error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.");
+    }
+    super::serve_gemini(state, &path, flight, body).await
+}
+
+/// A Vertex request's bearer token is one the simulated token endpoint
+/// issued and still valid (always, when the simulator holds no account).
+fn google_token_valid(state: &SimState, headers: &http::HeaderMap) -> bool {
+    if state.config.clouds.google.is_none() {
+        return true;
+    }
+    let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let token = bearer.strip_prefix("Bearer ").unwrap_or_default();
+    state.tokens.lock().is_ok_and(|t| t.get(token).is_some_and(|until| *until > tokio::time::Instant::now()))
 }
 
 /// `POST /token`: Google's OAuth token endpoint for a service-account JWT

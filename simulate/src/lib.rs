@@ -273,6 +273,8 @@ impl SimConfig {
 pub struct Received {
     /// Request path.
     pub path: String,
+    /// Its query, if any (`alt=sse`).
+    pub query: Option<String>,
     /// Request headers.
     pub headers: HeaderMap,
     /// Exact body bytes.
@@ -360,6 +362,11 @@ impl Simulator {
             .route("/v1/embeddings", post(embeddings))
             .route("/v1/messages", post(messages))
             .route("/v1/messages/count_tokens", post(count_tokens))
+            .route("/v1beta/models/{action}", post(gemini))
+            .route(
+                "/v1/projects/{project}/locations/{region}/publishers/google/models/{action}",
+                post(clouds::vertex_gemini),
+            )
             .route("/model/{model}/invoke", post(clouds::bedrock_invoke))
             .route("/model/{model}/invoke-with-response-stream", post(clouds::bedrock_stream))
             .route(
@@ -381,6 +388,11 @@ impl Simulator {
     /// Base URL for an Anthropic upstream pointing here (also the base
     /// URL of its Bedrock, Vertex and Azure endpoints).
     pub fn anthropic_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Base URL for a Gemini upstream (Google AI Studio's root) pointing here.
+    pub fn gemini_url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
@@ -485,6 +497,26 @@ async fn answer(state: Arc<SimState>, endpoint: Endpoint, req: Request) -> Respo
     serve(state, endpoint, flight, body).await
 }
 
+/// `POST /v1beta/models/{model}:{method}`: Google AI Studio, the key in
+/// `x-goog-api-key`.
+async fn gemini(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    let path = req.uri().path().to_owned();
+    let (flight, _, body) = arrive(&state, req).await;
+    serve_gemini(state, &path, flight, body).await
+}
+
+/// A Gemini request (`path` names the method and model).
+pub(crate) async fn serve_gemini(state: Arc<SimState>, path: &str, flight: Flight, body: Bytes) -> Response {
+    let local = path.rsplit_once("/models/").map(|(_, rest)| format!("/v1beta/models/{rest}")).unwrap_or_default();
+    match protocol::gemini::parse_path(&local) {
+        Some((endpoint, model)) => serve_named(state, endpoint, Some(model), flight, body).await,
+        None => {
+            flight.finish();
+            clouds::google_error(404, "NOT_FOUND", "unknown method")
+        }
+    }
+}
+
 /// A request arrives: counted in flight, read whole, recorded.
 async fn arrive(state: &Arc<SimState>, req: Request) -> (Flight, http::request::Parts, Bytes) {
     let flight = Flight::new(state.clone());
@@ -507,6 +539,7 @@ impl SimState {
         {
             r.push(Received {
                 path: parts.uri.path().to_owned(),
+                query: parts.uri.query().map(str::to_owned),
                 headers: parts.headers.clone(),
                 body: body.clone(),
                 at: tokio::time::Instant::now(),
@@ -517,7 +550,18 @@ impl SimState {
 
 /// Answers a request body (in the protocol's own shape) to `endpoint`,
 /// following the behaviour configured for its model.
-async fn serve(state: Arc<SimState>, endpoint: Endpoint, mut flight: Flight, body: Bytes) -> Response {
+async fn serve(state: Arc<SimState>, endpoint: Endpoint, flight: Flight, body: Bytes) -> Response {
+    serve_named(state, endpoint, None, flight, body).await
+}
+
+/// [`serve`], for a model `named` in the path (Gemini).
+async fn serve_named(
+    state: Arc<SimState>,
+    endpoint: Endpoint,
+    named: Option<String>,
+    mut flight: Flight,
+    body: Bytes,
+) -> Response {
     let protocol = endpoint.protocol();
     if state.config.chat_only && !matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Embeddings) {
         flight.finish();
@@ -527,7 +571,11 @@ async fn serve(state: Arc<SimState>, endpoint: Endpoint, mut flight: Flight, bod
         );
         return respond(StatusCode::NOT_FOUND, "application/json", Body::from(error));
     }
-    let Ok(head) = protocol::peek(&body) else {
+    let head = match &named {
+        Some(model) => protocol::gemini::peek(&body, model, endpoint == Endpoint::StreamGenerateContent),
+        None => protocol::peek(&body),
+    };
+    let Ok(head) = head else {
         flight.finish();
         return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(r#"{"error":{"message":"bad json"}}"#));
     };
@@ -602,7 +650,12 @@ async fn serve(state: Arc<SimState>, endpoint: Endpoint, mut flight: Flight, bod
         Endpoint::ChatCompletions | Endpoint::Messages => turns::turn_of(protocol, &body, state.config.reasoning),
         _ => None,
     };
-    if head.stream && matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages) {
+    if head.stream
+        && matches!(
+            endpoint,
+            Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages | Endpoint::StreamGenerateContent
+        )
+    {
         let mut frames = match &turn {
             Some(turn) => turns::frames(protocol, &head.model, behavior.chunks, turn),
             None => stream_frames(protocol, id, &head.model, already_answered(&body), behavior.chunks),
@@ -651,6 +704,7 @@ fn error_frame(protocol: Protocol, body: &str) -> String {
     match protocol {
         Protocol::OpenAiChat => format!("data: {body}\n\ndata: [DONE]\n\n"),
         Protocol::Anthropic => format!("event: error\ndata: {body}\n\n"),
+        Protocol::Gemini => format!("data: {body}\r\n\r\n"),
         Protocol::OpenAiResponses => {
             let parsed: serde_json::Value = serde_json::from_str(body).unwrap_or(serde_json::Value::Null);
             let error = parsed.get("error").cloned().unwrap_or(parsed);
@@ -761,6 +815,13 @@ fn json_answer(endpoint: Endpoint, id: &str, model: &str, chunks: usize) -> Stri
             "usage": {"input_tokens": 10, "output_tokens": chunks}
         }),
         Endpoint::CountTokens => serde_json::json!({"input_tokens": 10}),
+        Endpoint::GenerateContent | Endpoint::StreamGenerateContent => serde_json::json!({
+            "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": chunks, "totalTokenCount": 10 + chunks},
+            "modelVersion": model, "responseId": id
+        }),
+        Endpoint::GeminiCountTokens => serde_json::json!({"totalTokens": 10}),
+        Endpoint::EmbedContent => serde_json::json!({"embedding": {"values": [0.25, -0.5, 0.125]}}),
     };
     v.to_string()
 }
@@ -860,6 +921,27 @@ fn stream_frames(protocol: Protocol, id: &str, model: &str, start: usize, chunks
             }
             out.push(chunk(serde_json::json!({}), Some("stop")));
             out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        }
+        Protocol::Gemini => {
+            // Google's framing: CRLF, no event names, no terminal event.
+            let chunk = |v: serde_json::Value| Bytes::from(format!("data: {v}\r\n\r\n"));
+            let part = |i: usize| serde_json::json!({"text": format!("tok{i} ")});
+            for i in start..chunks {
+                let mut v = serde_json::json!({"candidates": [{"content": {"role": "model", "parts": [part(i)]},
+                    "index": 0}], "modelVersion": model, "responseId": id});
+                if i + 1 == chunks {
+                    v["candidates"][0]["finishReason"] = "STOP".into();
+                    v["usageMetadata"] = serde_json::json!({"promptTokenCount": 10,
+                        "candidatesTokenCount": chunks, "totalTokenCount": 10 + chunks});
+                }
+                out.push(chunk(v));
+            }
+            if start >= chunks {
+                out.push(chunk(
+                    serde_json::json!({"candidates": [{"content": {"role": "model", "parts": [{"text": ""}]},
+                    "finishReason": "STOP", "index": 0}], "modelVersion": model, "responseId": id}),
+                ));
+            }
         }
         Protocol::Anthropic => {
             let event = |name: &str, v: serde_json::Value| Bytes::from(format!("event: {name}\ndata: {v}\n\n"));

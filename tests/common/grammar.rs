@@ -50,7 +50,47 @@ pub fn check(protocol: Protocol, text: &str) -> Result<Said, String> {
         Protocol::Anthropic => anthropic(text),
         Protocol::OpenAiChat => chat(text),
         Protocol::OpenAiResponses => responses(text),
+        Protocol::Gemini => gemini(text),
     }
+}
+
+/// Gemini: `data:` chunks of `GenerateContentResponse`s, no terminal
+/// event; the answer ends with a candidate's `finishReason` (nothing after
+/// it), or with an `{"error":…}` chunk.
+fn gemini(text: &str) -> Result<Said, String> {
+    let mut said = Said::default();
+    for (k, (name, data)) in events(text).iter().enumerate() {
+        if said.completed || said.error.is_some() {
+            return Err(format!("chunk {k} after the end"));
+        }
+        if name.is_some() {
+            return Err(format!("chunk {k}: Gemini events have no name"));
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| format!("chunk {k} is not JSON: {e}"))?;
+        if let Some(e) = v.get("error") {
+            said.error = Some(e["message"].as_str().unwrap_or_default().to_owned());
+            continue;
+        }
+        let candidate = v["candidates"].get(0).ok_or(format!("chunk {k}: no candidate"))?;
+        for p in candidate["content"]["parts"].as_array().into_iter().flatten() {
+            match (p["text"].as_str(), p["thought"].as_bool(), p.get("functionCall")) {
+                (Some(t), Some(true), _) => said.reasoning.push_str(t),
+                (Some(t), _, _) => said.text.push_str(t),
+                (None, _, Some(c)) => {
+                    if !c["args"].is_object() {
+                        return Err(format!("chunk {k}: functionCall args not an object"));
+                    }
+                    said.calls.push((c["name"].as_str().unwrap_or_default().to_owned(), c["args"].to_string(), false));
+                }
+                _ => return Err(format!("chunk {k}: a part with neither text nor a call: {p}")),
+            }
+        }
+        if candidate.get("finishReason").is_some() {
+            said.completed = true;
+            said.output_tokens = v["usageMetadata"]["candidatesTokenCount"].as_u64();
+        }
+    }
+    Ok(said)
 }
 
 fn anthropic(text: &str) -> Result<Said, String> {

@@ -136,6 +136,73 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
     wait_of(total)
 }
 
+/// A quota reset further away than this is not waited for (Gemini CLI
+/// stops retrying beyond it too): the target is out until then.
+pub const LONG_RESET: Duration = Duration::from_secs(300);
+
+/// What a Google RPC error body says about waiting: `RetryInfo`'s
+/// `retryDelay`, "Please retry in 3.5s" or "Your quota will reset after
+/// 15h57m40s" in its message, and whether a `QuotaFailure` names a daily
+/// quota (`…PerDay…`, `…Daily…`): Gemini's own capacity contract.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct GoogleWait {
+    /// When to come back, as the body says it.
+    pub retry: Option<Duration>,
+    /// A quota that resets after this long (said in words).
+    pub reset_after: Option<Duration>,
+    /// A per-day quota ran out.
+    pub daily: bool,
+    /// A per-minute quota ran out (capacity, whatever the words say:
+    /// Google's message for it speaks of "plan and billing details").
+    pub per_minute: bool,
+}
+
+/// Reads [`GoogleWait`] from an error body (anything else reads as none).
+pub fn google_wait(body: &str) -> GoogleWait {
+    let mut out = GoogleWait::default();
+    let after = |marker: &str| {
+        let at = body.find(marker)? + marker.len();
+        let word: String =
+            body[at..].trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '.').collect();
+        parse_go_duration(word.trim_end_matches('.'))
+    };
+    out.reset_after = after("quota will reset after");
+    let said = after("Please retry in");
+    if !body.contains("type.googleapis.com/google.rpc.") {
+        out.retry = said;
+        return out;
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else { return out };
+    let outer = v.as_array().and_then(|a| a.first()).unwrap_or(&v);
+    let details = outer["error"]["details"].as_array().map(Vec::as_slice).unwrap_or_default();
+    for d in details {
+        match d["@type"].as_str().unwrap_or_default() {
+            "type.googleapis.com/google.rpc.RetryInfo" => {
+                out.retry = d["retryDelay"].as_str().and_then(parse_go_duration);
+            }
+            "type.googleapis.com/google.rpc.QuotaFailure" => {
+                let violations = d["violations"].as_array().map(Vec::as_slice).unwrap_or_default();
+                for q in violations {
+                    let id = q["quotaId"].as_str().unwrap_or_default();
+                    out.daily |= id.contains("PerDay") || id.contains("Daily");
+                    out.per_minute |= id.contains("PerMinute");
+                }
+            }
+            _ => {}
+        }
+    }
+    out.retry = out.retry.or(said);
+    out
+}
+
+/// The next midnight in Google's quota day (Pacific time), when a daily
+/// quota of the Gemini API resets.
+pub fn next_pacific_midnight(now: Timestamp) -> Option<Timestamp> {
+    let tz = TimeZone::get("America/Los_Angeles").ok()?;
+    let tomorrow = tz.to_datetime(now).date().tomorrow().ok()?;
+    tz.to_ambiguous_timestamp(tomorrow.to_datetime(jiff::civil::Time::midnight())).compatible().ok()
+}
+
 /// Finds "resets 3:20am (America/New_York)" (also "resets at 15:20 (Europe/Paris)",
 /// "resets 3am") in a body and turns it into the next such instant after
 /// `now` in that zone, using the bundled time-zone database (so DST is right).

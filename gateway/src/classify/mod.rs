@@ -108,7 +108,34 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8], rules: &Ru
     let mut hints = hints::from_headers(headers, now);
     hints.projected_reset = hints::projected_reset(&text, now);
     let rule = rules.find(status.as_u16(), &text);
-    let builtin = builtin(status, &lower, hints.should_retry);
+    let mut builtin = builtin(status, &lower, hints.should_retry);
+    // Google's capacity contract: when to come back is in the body; a
+    // daily quota, or one that resets only after longer than a client
+    // waits, is this target's entitlement until then (failover, no wait).
+    let google = hints::google_wait(&text);
+    if hints.retry_after.is_none()
+        && let Some(wait) = google.retry
+    {
+        hints.retry_after = Some(wait);
+        hints.source = Some("retryInfo");
+    }
+    let long = google.reset_after.filter(|d| *d > hints::LONG_RESET);
+    let exhausted = status == StatusCode::TOO_MANY_REQUESTS && lower.contains("resource_exhausted");
+    if exhausted && !google.daily && long.is_none() && (google.per_minute || google.retry.is_some()) {
+        builtin = Class::Capacity;
+    }
+    if (builtin == Class::Capacity || exhausted) && (google.daily || long.is_some()) {
+        builtin = Class::Entitlement;
+        hints.projected_reset = hints.projected_reset.or_else(|| match long {
+            Some(after) => jiff::SignedDuration::try_from(after).ok().and_then(|d| now.checked_add(d).ok()),
+            None => hints::next_pacific_midnight(now),
+        });
+    } else if hints.retry_after.is_none()
+        && let Some(after) = google.reset_after
+    {
+        hints.retry_after = Some(after);
+        hints.source = Some("quota reset");
+    }
     let class = match &rule {
         Some(m) if m.fatal => match builtin {
             Class::Request | Class::Auth | Class::Entitlement => builtin,

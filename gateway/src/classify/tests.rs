@@ -131,3 +131,41 @@ fn transport_failures_are_transient() {
     assert_eq!(o.status, None);
     assert!(o.summary.contains("connection refused"));
 }
+
+#[test]
+fn googles_quota_errors_are_read_from_the_body() {
+    let per_minute = r#"{"error":{"code":429,"message":"You exceeded your current quota.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"31s"}]}}"#;
+    let o = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), per_minute.as_bytes(), &Rules::default(), now());
+    assert_eq!(o.class, Class::Capacity);
+    assert_eq!(o.hints.retry_after, Some(std::time::Duration::from_secs(31)));
+    assert_eq!(o.hints.source, Some("retryInfo"));
+
+    let per_day = per_minute.replace("PerMinute", "PerDay").replace("31s", "8s");
+    let o = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), per_day.as_bytes(), &Rules::default(), now());
+    assert_eq!(o.class, Class::Entitlement, "a daily quota is not waited for");
+    // Midnight Pacific after 2026-11-29T12:00Z (PST, UTC-8).
+    assert_eq!(o.hints.projected_reset.unwrap().to_string(), "2026-11-30T08:00:00Z");
+
+    let words = r#"{"error":{"code":429,"message":"Resource has been exhausted. Your quota will reset after 15h57m40s.","status":"RESOURCE_EXHAUSTED"}}"#;
+    let o = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), words.as_bytes(), &Rules::default(), now());
+    assert_eq!(o.class, Class::Entitlement);
+    assert_eq!(o.hints.projected_reset.unwrap().to_string(), "2026-11-30T03:57:40Z");
+    let soon = words.replace("15h57m40s", "40s");
+    let o = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), soon.as_bytes(), &Rules::default(), now());
+    assert_eq!((o.class, o.hints.retry_after), (Class::Capacity, Some(std::time::Duration::from_secs(40))));
+
+    let bare = r#"{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED"}}"#;
+    let o = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), bare.as_bytes(), &Rules::default(), now());
+    assert_eq!((o.class, o.hints.retry_after), (Class::Capacity, None));
+    let unavailable =
+        r#"{"error":{"code":503,"message":"The model is overloaded. Please try again later.","status":"UNAVAILABLE"}}"#;
+    let o =
+        classify(StatusCode::SERVICE_UNAVAILABLE, &HeaderMap::new(), unavailable.as_bytes(), &Rules::default(), now());
+    assert_eq!(o.class, Class::Capacity);
+    let denied = r#"{"error":{"code":403,"message":"Permission denied","status":"PERMISSION_DENIED"}}"#;
+    let o = classify(StatusCode::FORBIDDEN, &HeaderMap::new(), denied.as_bytes(), &Rules::default(), now());
+    assert_eq!(o.class, Class::Auth);
+    let invalid = r#"{"error":{"code":400,"message":"Invalid JSON payload","status":"INVALID_ARGUMENT"}}"#;
+    let o = classify(StatusCode::BAD_REQUEST, &HeaderMap::new(), invalid.as_bytes(), &Rules::default(), now());
+    assert_eq!(o.class, Class::Request);
+}

@@ -118,19 +118,23 @@ pub(super) fn kind(
     let implied = match written {
         Some("openai") | Some("azure") => Some(Family::OpenAi),
         Some("openai-chat") if u.kind.is_none() => Some(Family::OpenAiChat),
+        Some("gemini") if u.kind.is_none() => Some(Family::Gemini),
+        // Vertex serves Claude (Anthropic messages) and Gemini models.
+        Some("vertex") if u.protocol.as_deref() == Some("gemini") => Some(Family::Gemini),
         Some("anthropic") | Some("bedrock") | Some("vertex") => Some(Family::Anthropic),
         Some(other) => {
             let field = if u.kind.is_some() { "kind" } else { "protocol" };
             let choices = if u.kind.is_some() {
                 "anthropic, bedrock, vertex, openai, azure"
             } else {
-                "openai, openai-chat, anthropic"
+                "openai, openai-chat, anthropic, gemini"
             };
             problems.push(format!("{}: {other:?} is not one of {choices}", at(field)));
             None
         }
         None => {
-            problems.push(format!("{}: missing (openai, openai-chat or anthropic; or set kind)", at("protocol")));
+            problems
+                .push(format!("{}: missing (openai, openai-chat, anthropic or gemini; or set kind)", at("protocol")));
             None
         }
     };
@@ -141,14 +145,15 @@ pub(super) fn kind(
             Some(Family::OpenAiChat)
         }
         (Some(p), Some(family)) if p != family.as_str() => {
-            if matches!(p, "openai" | "openai-chat" | "anthropic") {
+            if matches!(p, "openai" | "openai-chat" | "anthropic" | "gemini") {
                 problems.push(format!(
                     "{}: kind {} speaks {family}, not {p}",
                     at("protocol"),
                     u.kind.as_deref().unwrap_or_default()
                 ));
             } else {
-                problems.push(format!("{}: {p:?} is not one of openai, openai-chat, anthropic", at("protocol")));
+                problems
+                    .push(format!("{}: {p:?} is not one of openai, openai-chat, anthropic, gemini", at("protocol")));
             }
             None
         }
@@ -278,6 +283,8 @@ pub(super) fn kind(
             }
             UpstreamKind::Azure(AzureConfig { api_version, deployment })
         }
+        // Google AI Studio has one address.
+        _ if implied == Some(Family::Gemini) => UpstreamKind::Direct,
         _ => {
             if u.base_url.is_none() && implied.is_some() {
                 problems.push(format!("{}: missing", at("base_url")));
@@ -285,9 +292,16 @@ pub(super) fn kind(
             UpstreamKind::Direct
         }
     };
-    let base_url = u.base_url.clone().or_else(|| default_base_url(&kind));
+    let base_url = u.base_url.clone().or_else(|| match (&kind, implied) {
+        (UpstreamKind::Direct, Some(Family::Gemini)) => Some(GOOGLE_AI_STUDIO.to_owned()),
+        _ => default_base_url(&kind),
+    });
     (problems.len() == before).then_some((protocol?, kind, base_url))
 }
+
+/// Google AI Studio's address (the Gemini API), the default `base_url` of
+/// a `protocol: gemini` upstream.
+pub const GOOGLE_AI_STUDIO: &str = "https://generativelanguage.googleapis.com";
 
 /// The provider's own endpoint for a cloud kind, when `base_url` is not
 /// given (it is given for VPC endpoints, proxies and the simulator).

@@ -170,6 +170,9 @@ impl UpstreamConfig {
         use crate::protocol::Endpoint;
         match &self.kind {
             UpstreamKind::Direct => self.protocol.serves(endpoint),
+            UpstreamKind::Vertex(_) if self.protocol == crate::protocol::Family::Gemini => {
+                self.protocol.serves(endpoint)
+            }
             UpstreamKind::Bedrock(_) | UpstreamKind::Vertex(_) => endpoint == Endpoint::Messages,
             UpstreamKind::Azure(_) => {
                 matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Embeddings | Endpoint::Responses)
@@ -179,7 +182,8 @@ impl UpstreamConfig {
 
     /// How a request to `endpoint` reaches it: in the client's protocol,
     /// translated (when `translate` allows) to a protocol it speaks —
-    /// Anthropic messages, else chat completions — or not at all.
+    /// Anthropic messages, else chat completions, else Gemini — or not at
+    /// all.
     pub fn way(&self, endpoint: crate::protocol::Endpoint, translate: bool) -> Option<crate::protocol::Way> {
         use crate::protocol::{Endpoint, Protocol, Way};
         if self.serves(endpoint) {
@@ -192,6 +196,8 @@ impl UpstreamConfig {
             Some(Way::Translate(Protocol::Anthropic))
         } else if self.serves(Endpoint::ChatCompletions) {
             Some(Way::Translate(Protocol::OpenAiChat))
+        } else if self.serves(Endpoint::GenerateContent) {
+            Some(Way::Translate(Protocol::Gemini))
         } else {
             None
         }

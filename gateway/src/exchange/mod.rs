@@ -155,12 +155,16 @@ impl Exchange {
 
     /// tidegate answers itself: a `count_tokens` estimate (header
     /// `x-tidegate-estimate` says how it was made), reported completed.
-    pub fn estimate(mut self, tokens: u64) -> Response {
+    pub fn estimate(mut self, tokens: u64, protocol: Protocol) -> Response {
         self.report.status = 200;
         self.report.usage.input = Some(tokens);
         let id = self.report.id;
         self.finish(Outcome::Completed);
-        let body = serde_json::json!({"input_tokens": tokens}).to_string();
+        let body = match protocol {
+            Protocol::Gemini => serde_json::json!({"totalTokens": tokens}),
+            _ => serde_json::json!({"input_tokens": tokens}),
+        }
+        .to_string();
         let mut response = Response::new(axum::body::Body::from(body));
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));

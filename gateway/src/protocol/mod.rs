@@ -18,6 +18,7 @@
 
 pub mod anthropic;
 pub mod events;
+pub mod gemini;
 pub mod json;
 pub mod openai_chat;
 pub mod openai_responses;
@@ -43,6 +44,9 @@ pub enum Family {
     OpenAiChat,
     /// Anthropic: messages and count_tokens.
     Anthropic,
+    /// Google's Gemini API: generateContent (and its stream),
+    /// countTokens, embedContent.
+    Gemini,
 }
 
 impl Family {
@@ -52,6 +56,7 @@ impl Family {
             Family::OpenAi => "openai",
             Family::OpenAiChat => "openai-chat",
             Family::Anthropic => "anthropic",
+            Family::Gemini => "gemini",
         }
     }
 
@@ -64,12 +69,14 @@ impl Family {
             }
             Family::OpenAiChat => matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Embeddings),
             Family::Anthropic => matches!(endpoint, Endpoint::Messages | Endpoint::CountTokens),
+            Family::Gemini => endpoint.protocol() == Protocol::Gemini,
         }
     }
 
-    /// Whether its key goes in `Authorization: Bearer` (else `x-api-key`).
+    /// Whether its key goes in `Authorization: Bearer` (else its own
+    /// header: `x-api-key`, `x-goog-api-key`).
     pub fn bearer(self) -> bool {
-        !matches!(self, Family::Anthropic)
+        !matches!(self, Family::Anthropic | Family::Gemini)
     }
 }
 
@@ -97,6 +104,8 @@ pub enum Protocol {
     OpenAiResponses,
     /// Anthropic messages.
     Anthropic,
+    /// The Gemini API.
+    Gemini,
 }
 
 impl Protocol {
@@ -105,6 +114,7 @@ impl Protocol {
         match self {
             Protocol::OpenAiChat | Protocol::OpenAiResponses => Family::OpenAi,
             Protocol::Anthropic => Family::Anthropic,
+            Protocol::Gemini => Family::Gemini,
         }
     }
 
@@ -114,12 +124,15 @@ impl Protocol {
             Protocol::OpenAiChat => "openai-chat",
             Protocol::OpenAiResponses => "openai-responses",
             Protocol::Anthropic => "anthropic",
+            Protocol::Gemini => "gemini",
         }
     }
 
     /// The protocol named `name` (see [`Protocol::name`]).
     pub fn parse(name: &str) -> Option<Protocol> {
-        [Protocol::OpenAiChat, Protocol::OpenAiResponses, Protocol::Anthropic].into_iter().find(|p| p.name() == name)
+        [Protocol::OpenAiChat, Protocol::OpenAiResponses, Protocol::Anthropic, Protocol::Gemini]
+            .into_iter()
+            .find(|p| p.name() == name)
     }
 
     /// The endpoint a translated request of this protocol is sent to.
@@ -128,6 +141,7 @@ impl Protocol {
             Protocol::OpenAiChat => Endpoint::ChatCompletions,
             Protocol::OpenAiResponses => Endpoint::Responses,
             Protocol::Anthropic => Endpoint::Messages,
+            Protocol::Gemini => Endpoint::GenerateContent,
         }
     }
 
@@ -137,6 +151,7 @@ impl Protocol {
             Protocol::OpenAiChat => openai_chat::error_body(kind, message, code),
             Protocol::OpenAiResponses => openai_responses::error_body(kind, message, code),
             Protocol::Anthropic => anthropic::error_body(kind, message),
+            Protocol::Gemini => gemini::error_body(kind, message, code),
         }
     }
 
@@ -147,6 +162,7 @@ impl Protocol {
             Protocol::OpenAiChat => openai_chat::error_event(kind, message),
             Protocol::OpenAiResponses => openai_responses::error_event(kind, message),
             Protocol::Anthropic => anthropic::error_event(kind, message),
+            Protocol::Gemini => gemini::error_event(kind, message),
         }
     }
 
@@ -158,6 +174,7 @@ impl Protocol {
             Protocol::OpenAiChat => openai_chat::inspect(name, data, seen, text_cap),
             Protocol::OpenAiResponses => openai_responses::inspect(name, data, seen, text_cap),
             Protocol::Anthropic => anthropic::inspect(name, data, seen, text_cap),
+            Protocol::Gemini => gemini::inspect(name, data, seen, text_cap),
         }
     }
 
@@ -169,6 +186,8 @@ impl Protocol {
             Protocol::OpenAiChat => openai_chat::continuation_body(original, partial, model),
             Protocol::OpenAiResponses => openai_responses::continuation_body(original, partial, model),
             Protocol::Anthropic => anthropic::continuation_body(original, partial, model),
+            // The model is in the path; a continuation is not built.
+            Protocol::Gemini => None,
         }
     }
 
@@ -177,7 +196,7 @@ impl Protocol {
     pub fn reads_json_answers(self) -> bool {
         match self {
             Protocol::OpenAiResponses => true,
-            Protocol::OpenAiChat | Protocol::Anthropic => false,
+            Protocol::OpenAiChat | Protocol::Anthropic | Protocol::Gemini => false,
         }
     }
 
@@ -186,7 +205,7 @@ impl Protocol {
     pub fn read_answer(self, body: &[u8]) -> ReadAnswer {
         match self {
             Protocol::OpenAiResponses => openai_responses::read_answer(body),
-            Protocol::OpenAiChat | Protocol::Anthropic => ReadAnswer::default(),
+            Protocol::OpenAiChat | Protocol::Anthropic | Protocol::Gemini => ReadAnswer::default(),
         }
     }
 }
@@ -216,11 +235,33 @@ pub enum Endpoint {
     Messages,
     /// `POST /v1/messages/count_tokens`.
     CountTokens,
+    /// `POST /v1beta/models/{model}:generateContent`.
+    GenerateContent,
+    /// `POST /v1beta/models/{model}:streamGenerateContent?alt=sse`.
+    StreamGenerateContent,
+    /// `POST /v1beta/models/{model}:countTokens`.
+    GeminiCountTokens,
+    /// `POST /v1beta/models/{model}:embedContent`.
+    EmbedContent,
 }
 
 impl Endpoint {
-    /// Every endpoint (upstreams precompute one URL each).
-    pub const ALL: [Endpoint; 5] = [
+    /// Every endpoint.
+    pub const ALL: [Endpoint; 9] = [
+        Endpoint::ChatCompletions,
+        Endpoint::Responses,
+        Endpoint::Embeddings,
+        Endpoint::Messages,
+        Endpoint::CountTokens,
+        Endpoint::GenerateContent,
+        Endpoint::StreamGenerateContent,
+        Endpoint::GeminiCountTokens,
+        Endpoint::EmbedContent,
+    ];
+
+    /// The endpoints at a fixed path (the Gemini ones name the model in
+    /// theirs: [`gemini::parse_path`]).
+    pub const FIXED: [Endpoint; 5] = [
         Endpoint::ChatCompletions,
         Endpoint::Responses,
         Endpoint::Embeddings,
@@ -228,7 +269,7 @@ impl Endpoint {
         Endpoint::CountTokens,
     ];
 
-    /// The client-facing path.
+    /// The client-facing path (for Gemini's, its pattern).
     pub fn path(self) -> &'static str {
         match self {
             Endpoint::ChatCompletions => "/v1/chat/completions",
@@ -236,11 +277,16 @@ impl Endpoint {
             Endpoint::Embeddings => "/v1/embeddings",
             Endpoint::Messages => "/v1/messages",
             Endpoint::CountTokens => "/v1/messages/count_tokens",
+            Endpoint::GenerateContent => "/v1beta/models/{model}:generateContent",
+            Endpoint::StreamGenerateContent => "/v1beta/models/{model}:streamGenerateContent",
+            Endpoint::GeminiCountTokens => "/v1beta/models/{model}:countTokens",
+            Endpoint::EmbedContent => "/v1beta/models/{model}:embedContent",
         }
     }
 
     /// Path appended to an upstream's `base_url` (each as its official SDK
-    /// takes it: OpenAI's includes `/v1`, Anthropic's does not).
+    /// takes it: OpenAI's includes `/v1`, Anthropic's does not); Gemini's
+    /// are built per request ([`gemini::upstream_path`]).
     pub fn upstream_path(self) -> &'static str {
         match self {
             Endpoint::ChatCompletions => "/chat/completions",
@@ -248,6 +294,10 @@ impl Endpoint {
             Endpoint::Embeddings => "/embeddings",
             Endpoint::Messages => "/v1/messages",
             Endpoint::CountTokens => "/v1/messages/count_tokens",
+            Endpoint::GenerateContent
+            | Endpoint::StreamGenerateContent
+            | Endpoint::GeminiCountTokens
+            | Endpoint::EmbedContent => "",
         }
     }
 
@@ -257,21 +307,44 @@ impl Endpoint {
             Endpoint::ChatCompletions | Endpoint::Embeddings => Protocol::OpenAiChat,
             Endpoint::Responses => Protocol::OpenAiResponses,
             Endpoint::Messages | Endpoint::CountTokens => Protocol::Anthropic,
+            Endpoint::GenerateContent
+            | Endpoint::StreamGenerateContent
+            | Endpoint::GeminiCountTokens
+            | Endpoint::EmbedContent => Protocol::Gemini,
         }
     }
 
     /// Whether a request to it may be translated for a target of another
     /// protocol (a conversation turn; embeddings and token counts are not).
     pub fn translatable(self) -> bool {
-        matches!(self, Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages)
+        matches!(
+            self,
+            Endpoint::ChatCompletions
+                | Endpoint::Responses
+                | Endpoint::Messages
+                | Endpoint::GenerateContent
+                | Endpoint::StreamGenerateContent
+        )
+    }
+
+    /// Whether it counts a request's tokens (answered with an estimate
+    /// when no target of its protocol can count them).
+    pub fn counts_tokens(self) -> bool {
+        matches!(self, Endpoint::CountTokens | Endpoint::GeminiCountTokens)
     }
 
     /// Whether its requests spend the upstream's token budget (`tpm`):
     /// counting tokens does not generate any.
     pub fn spends_tokens(self) -> bool {
         match self {
-            Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Embeddings | Endpoint::Messages => true,
-            Endpoint::CountTokens => false,
+            Endpoint::ChatCompletions
+            | Endpoint::Responses
+            | Endpoint::Embeddings
+            | Endpoint::Messages
+            | Endpoint::GenerateContent
+            | Endpoint::StreamGenerateContent
+            | Endpoint::EmbedContent => true,
+            Endpoint::CountTokens | Endpoint::GeminiCountTokens => false,
         }
     }
 
@@ -279,9 +352,13 @@ impl Endpoint {
     /// conventions; token counting has no name there).
     pub fn operation(self) -> &'static str {
         match self {
-            Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => "chat",
-            Endpoint::Embeddings => "embeddings",
-            Endpoint::CountTokens => "count_tokens",
+            Endpoint::ChatCompletions
+            | Endpoint::Responses
+            | Endpoint::Messages
+            | Endpoint::GenerateContent
+            | Endpoint::StreamGenerateContent => "chat",
+            Endpoint::Embeddings | Endpoint::EmbedContent => "embeddings",
+            Endpoint::CountTokens | Endpoint::GeminiCountTokens => "count_tokens",
         }
     }
 }
@@ -374,7 +451,8 @@ pub fn peek(body: &[u8]) -> Result<RequestHead, PeekError> {
 /// The body to send upstream: the same bytes, with the `model` value
 /// replaced only if the target's name differs from the client's.
 pub fn body_for_target(body: &Bytes, head: &RequestHead, target_model: &str) -> Bytes {
-    if head.model == target_model {
+    // An empty span: the model is not in the body (Gemini names it in the path).
+    if head.model == target_model || head.model_span.is_empty() {
         return body.clone();
     }
     let literal = serde_json::Value::String(target_model.to_owned()).to_string();

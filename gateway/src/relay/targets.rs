@@ -115,6 +115,7 @@ impl<'a> Targets<'a> {
             target,
             &job.body,
             self.model(i, job),
+            job.head.stream,
             Some(&self.gw.kept),
         )?;
         let sent = Sent { body: t.body.clone(), endpoint, back: Some(t.back.clone()) };

@@ -6,8 +6,12 @@ use subtle::ConstantTimeEq;
 
 use crate::config::ClientKey;
 
-/// The key a client presented: `Authorization: Bearer <key>` (OpenAI SDKs)
-/// or `x-api-key` (Anthropic SDKs).
+/// The header a Gemini client's key arrives in (and where one sent as
+/// `?key=` is put, so it is checked like the others and never forwarded).
+pub const GOOG_API_KEY: &str = "x-goog-api-key";
+
+/// The key a client presented: `Authorization: Bearer <key>` (OpenAI SDKs),
+/// `x-api-key` (Anthropic SDKs) or `x-goog-api-key` (Google's).
 fn presented(headers: &HeaderMap) -> Option<&[u8]> {
     if let Some(value) = headers.get(AUTHORIZATION) {
         let bytes = value.as_bytes();
@@ -15,7 +19,22 @@ fn presented(headers: &HeaderMap) -> Option<&[u8]> {
             return Some(bytes[7..].trim_ascii());
         }
     }
-    headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii())
+    headers.get("x-api-key").or_else(|| headers.get(GOOG_API_KEY)).map(|v| v.as_bytes().trim_ascii())
+}
+
+/// A Gemini client's key sent in the URL (`?key=…`, as Google's REST
+/// examples do), moved to [`GOOG_API_KEY`] unless a key header is already
+/// there. The URL itself is never logged or forwarded.
+pub fn key_from_query(uri: &http::Uri, headers: &mut HeaderMap) {
+    let Some(query) = uri.query() else { return };
+    if presented(headers).is_some() {
+        return;
+    }
+    let key = url::form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "key").map(|(_, v)| v.into_owned());
+    if let Some(mut value) = key.and_then(|k| http::HeaderValue::try_from(k).ok()) {
+        value.set_sensitive(true);
+        headers.insert(GOOG_API_KEY, value);
+    }
 }
 
 /// Returns the matching key's name; `Ok(None)` when no keys are configured.
@@ -116,6 +135,10 @@ mod tests {
         assert_eq!(authenticate(&k, &headers(&[("authorization", "Bearer k-bob")])), Ok(Some("bob")));
         assert_eq!(authenticate(&k, &headers(&[("authorization", "bearer k-alice")])), Ok(Some("alice")));
         assert_eq!(authenticate(&k, &headers(&[("x-api-key", "k-alice")])), Ok(Some("alice")));
+        assert_eq!(authenticate(&k, &headers(&[("x-goog-api-key", "k-bob")])), Ok(Some("bob")));
+        let mut h = HeaderMap::new();
+        key_from_query(&"/v1beta/models/m:generateContent?alt=sse&key=k-alice".parse().unwrap(), &mut h);
+        assert_eq!(authenticate(&k, &h), Ok(Some("alice")));
     }
 
     #[test]

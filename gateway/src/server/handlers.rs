@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue, header};
 use tokio::time::Instant;
 
-use super::auth::{authenticate, local_only};
+use super::auth::{GOOG_API_KEY, authenticate, key_from_query, local_only};
 use super::body;
 use crate::anomaly::Verdict;
 use crate::error::GatewayError;
@@ -22,25 +22,61 @@ use crate::relay::progress::Progress;
 use crate::route;
 
 /// The protocol a request outside the model endpoints is answered in:
-/// Anthropic's for clients that send `anthropic-version`, else OpenAI's.
-fn protocol_of(headers: &HeaderMap) -> Protocol {
-    if headers.contains_key("anthropic-version") { Protocol::Anthropic } else { Protocol::OpenAiChat }
+/// Anthropic's for clients that send `anthropic-version`, Google's for
+/// paths under `/v1beta` or clients that send `x-goog-api-key`, else
+/// OpenAI's.
+fn protocol_of(uri: &http::Uri, headers: &HeaderMap) -> Protocol {
+    if headers.contains_key("anthropic-version") {
+        Protocol::Anthropic
+    } else if uri.path().starts_with("/v1beta/") || headers.contains_key(GOOG_API_KEY) {
+        Protocol::Gemini
+    } else {
+        Protocol::OpenAiChat
+    }
 }
 
-/// `GET /v1/models`: the configured aliases (patterns are not listed: they
-/// are not names a client can pick). Clients that send
-/// `anthropic-version` (the Anthropic SDK) get Anthropic's list shape and
-/// aliases; everyone else OpenAI's.
-pub async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let protocol = protocol_of(&headers);
+/// `GET /v1/models` and `GET /v1beta/models`: the configured aliases
+/// (patterns are not listed: they are not names a client can pick), in
+/// the shape of the client's protocol ([`protocol_of`]).
+pub async fn models(State(gw): State<Arc<Gateway>>, uri: http::Uri, mut headers: HeaderMap) -> Response {
+    let protocol = protocol_of(&uri, &headers);
+    key_from_query(&uri, &mut headers);
     if authenticate(&gw.config.client_keys, &headers).is_err() {
         return GatewayError::Unauthorized.into_response(protocol);
     }
     let aliases = gw.config.aliases();
     let body = match protocol {
         Protocol::Anthropic => protocol::anthropic::models_list(aliases),
+        Protocol::Gemini => protocol::gemini::models_list(aliases),
         Protocol::OpenAiChat | Protocol::OpenAiResponses => protocol::openai_chat::models_list(aliases),
     };
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// `/v1beta/models/{model}[:method]` (and `POST /v1/models/{model}:method`)
+/// when served by the route table: a POST to a method goes to its model
+/// endpoint, `GET /v1beta/models/{alias}` describes one alias.
+pub async fn gemini_model(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    if req.method() == http::Method::POST
+        && let Some((endpoint, _)) = protocol::gemini::parse_path(req.uri().path())
+    {
+        return proxy(gw, endpoint, req).await;
+    }
+    let name = req.uri().path().rsplit('/').next().unwrap_or_default().to_owned();
+    if req.method() != http::Method::GET || name.contains(':') {
+        return fallback(State(gw), req).await;
+    }
+    let mut headers = req.headers().clone();
+    key_from_query(req.uri(), &mut headers);
+    if authenticate(&gw.config.client_keys, &headers).is_err() {
+        return GatewayError::Unauthorized.into_response(Protocol::Gemini);
+    }
+    let name = percent_encoding::percent_decode_str(&name).decode_utf8_lossy().into_owned();
+    if !gw.config.aliases().any(|a| a == name) {
+        let error = GatewayError::UnknownModel(format!("model {name:?} is not configured on this gateway"));
+        return error.into_response(Protocol::Gemini);
+    }
+    let body = protocol::gemini::model_entry(&name).to_string();
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
@@ -74,7 +110,7 @@ pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Respo
 /// A refusal outside the model endpoints: the body read and dropped
 /// first, counted (not journaled), labelled with a fresh request id.
 async fn refuse(gw: &Gateway, error: GatewayError, req: Request) -> Response {
-    let protocol = protocol_of(req.headers());
+    let protocol = protocol_of(req.uri(), req.headers());
     let (parts, body) = req.into_parts();
     body::discard(body, &parts.headers, gw.config.body_timeout).await;
     gw.sink.refused(error.reason());
@@ -91,9 +127,17 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
     // which lives as long as the request (see `relay::relay`); and the
     // request is taken apart before it, so the future holds its parts
     // only (a captured value keeps its room to the end).
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     async move {
         let protocol = endpoint.protocol();
+        // Gemini names the model in the path (and may send the key in the query).
+        let named = match protocol {
+            Protocol::Gemini => {
+                key_from_query(&parts.uri, &mut parts.headers);
+                protocol::gemini::parse_path(parts.uri.path()).map(|(_, model)| model)
+            }
+            _ => None,
+        };
         // One clock read for the request's arrival: its report, deadline,
         // lane and volume count all start from it.
         let arrived = Instant::now();
@@ -113,9 +157,9 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
         // The job is moved into the loop: scoped, so its room in this
         // future ends there.
         let (mut running, keepalive) = {
-            let mut job = match route::route(&gw, endpoint, parts.headers, body, exchange.record()).await {
+            let mut job = match route::route(&gw, endpoint, named, parts.headers, body, exchange.record()).await {
                 Ok(route::Routed::Relay(job)) => job,
-                Ok(route::Routed::Estimate(tokens)) => return exchange.estimate(tokens),
+                Ok(route::Routed::Estimate(tokens)) => return exchange.estimate(tokens, protocol),
                 Err(error) => return exchange.reject(error, protocol),
             };
             if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {

@@ -48,7 +48,7 @@ pub fn router(live: Arc<Live>) -> Router {
     // POSTs to the handler directly; here they are for other methods (a
     // 405) and for anyone serving the router alone.
     let mut router = Router::new();
-    for endpoint in Endpoint::ALL {
+    for endpoint in Endpoint::FIXED {
         router = router.route(
             endpoint.path(),
             post(move |State(gw): State<Arc<Gateway>>, req: Request| handlers::proxy(gw, endpoint, req)),
@@ -57,6 +57,9 @@ pub fn router(live: Arc<Live>) -> Router {
     router
         .route("/", get(handlers::root))
         .route("/v1/models", get(handlers::models))
+        .route("/v1beta/models", get(handlers::models))
+        .route("/v1beta/models/{*name}", get(handlers::gemini_model).post(handlers::gemini_model))
+        .route("/v1/models/{*name}", post(handlers::gemini_model))
         .route("/healthz", get(handlers::healthz))
         .route("/metrics", get(admin::metrics))
         .route("/admin/upstreams", get(admin::upstreams))
@@ -93,11 +96,16 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Front {
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         let req = req.map(axum::body::Body::new);
-        if req.method() == http::Method::POST
-            && let Some(endpoint) = Endpoint::ALL.into_iter().find(|e| e.path() == req.uri().path())
-        {
-            let gw = self.live.load();
-            return Box::pin(async move { Ok(handlers::proxy(gw, endpoint, req).await) });
+        if req.method() == http::Method::POST {
+            let path = req.uri().path();
+            let endpoint = Endpoint::FIXED
+                .into_iter()
+                .find(|e| e.path() == path)
+                .or_else(|| crate::protocol::gemini::parse_path(path).map(|(e, _)| e));
+            if let Some(endpoint) = endpoint {
+                let gw = self.live.load();
+                return Box::pin(async move { Ok(handlers::proxy(gw, endpoint, req).await) });
+            }
         }
         let router = self.router.clone();
         Box::pin(tower::ServiceExt::oneshot(router, req))

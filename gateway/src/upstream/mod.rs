@@ -29,7 +29,7 @@ use crate::config::{UpstreamConfig, UpstreamKind};
 use crate::headers;
 use crate::health::Health;
 use crate::limits::Limiter;
-use crate::protocol::{Endpoint, Family};
+use crate::protocol::{Endpoint, Family, gemini};
 use crate::retry::RetryBudget;
 pub use body::UpstreamBody;
 pub use pool::PooledBody;
@@ -49,8 +49,17 @@ const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version
 /// not the provider's), hop-by-hop headers, headers hyper sets for the new
 /// connection (`host`, `content-length`), `accept-encoding` (bodies must
 /// stay readable for classification) and tidegate's own `x-tidegate-*`.
-const NOT_FORWARDED: &[&str] =
-    &["authorization", "x-api-key", "api-key", "cookie", "host", "content-length", "accept-encoding", "expect"];
+const NOT_FORWARDED: &[&str] = &[
+    "authorization",
+    "x-api-key",
+    "x-goog-api-key",
+    "api-key",
+    "cookie",
+    "host",
+    "content-length",
+    "accept-encoding",
+    "expect",
+];
 
 /// Whether a client header is forwarded upstream (see [`NOT_FORWARDED`]
 /// and [`headers::HOP_BY_HOP`]); headers the client's `Connection` header
@@ -70,7 +79,7 @@ fn forwarded(name: &HeaderName, client: &HeaderMap) -> bool {
 
 /// Characters a URL path segment built from a name (a model id, ARN or
 /// deployment) keeps as they are: RFC 3986's unreserved ones.
-const PATH_LABEL: &percent_encoding::AsciiSet =
+pub(crate) const PATH_LABEL: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 /// A cloud's error as the Anthropic error of the same meaning (the
@@ -177,7 +186,8 @@ impl Upstream {
         };
         let mut uris: [Option<Uri>; Endpoint::ALL.len()] = Default::default();
         for (slot, endpoint) in uris.iter_mut().zip(Endpoint::ALL) {
-            if matches!(reach, Reach::Direct) && config.protocol.serves(endpoint) {
+            // Gemini's paths name the model: built per request.
+            if matches!(reach, Reach::Direct) && config.protocol.serves(endpoint) && config.protocol != Family::Gemini {
                 let uri = format!("{base}{}", endpoint.upstream_path()).parse();
                 *slot = Some(uri.map_err(|_| BuildError::Url(config.name.clone()))?);
             }
@@ -190,6 +200,7 @@ impl Upstream {
                 (_, family) if family.bearer() => {
                     (header::AUTHORIZATION, format!("Bearer {}", config.api_key.expose()))
                 }
+                (_, Family::Gemini) => (HeaderName::from_static("x-goog-api-key"), config.api_key.expose().to_owned()),
                 (_, _) => (HeaderName::from_static("x-api-key"), config.api_key.expose().to_owned()),
             };
             let mut value = HeaderValue::try_from(value).map_err(|_| BuildError::Key(config.name.clone()))?;
@@ -267,7 +278,14 @@ impl Upstream {
         let (uri, body) = match &self.reach {
             // Routing only sends an endpoint to upstreams that serve it;
             // the first URL is a harmless fallback.
+            Reach::Direct if self.config.protocol == Family::Gemini => {
+                (self.cloud_uri(&format!("/v1beta{}", gemini::upstream_path(endpoint, model, stream)))?, body)
+            }
             Reach::Direct => (self.uri(endpoint).or_else(|| self.uris.iter().flatten().next()).cloned(), body),
+            // Gemini models on Vertex: the same body, Google's own answers.
+            Reach::Vertex(vertex) if self.config.protocol == Family::Gemini => {
+                (self.cloud_uri(&vertex.gemini_path(endpoint, model, stream))?, body)
+            }
             Reach::Azure(azure) => (self.cloud_uri(&azure.path(endpoint, model))?, body),
             Reach::Bedrock(_) => {
                 let wrapped = bedrock::body(&body, client).ok_or_else(unwrappable)?;
@@ -388,6 +406,8 @@ impl Upstream {
     pub fn error_body(&self, parts: &mut http::response::Parts, body: Bytes) -> Bytes {
         let converted = match &self.reach {
             Reach::Bedrock(_) => bedrock::error_body(&parts.headers, &body),
+            // Gemini's errors are Google's already.
+            Reach::Vertex(_) if self.config.protocol == Family::Gemini => None,
             Reach::Vertex(_) => vertex::error_body(&body),
             Reach::Direct | Reach::Azure(_) => None,
         };

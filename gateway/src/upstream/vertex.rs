@@ -1,4 +1,6 @@
-//! Google Vertex AI as an Anthropic upstream.
+//! Google Vertex AI as an Anthropic upstream (and, with `protocol:
+//! gemini`, a Gemini one: `…/publishers/google/models/{model}:
+//! generateContent`, the body and answers Gemini's own).
 //!
 //! `POST {base}/v1/projects/{project}/locations/{region}/publishers/
 //! anthropic/models/{model}:rawPredict` (`:streamRawPredict` for a
@@ -60,14 +62,19 @@ impl Vertex {
                 Tokens::Command { command: command.clone(), ttl: *ttl, cached: Mutex::new(None) }
             }
         };
-        let path = format!("/v1/projects/{}/locations/{}/publishers/anthropic/models", config.project, config.region);
+        let path = format!("/v1/projects/{}/locations/{}/publishers", config.project, config.region);
         Ok(Self { path, tokens })
     }
 
-    /// The path for `model`.
+    /// The path for Anthropic `model`.
     pub fn path(&self, model: &str, stream: bool) -> String {
         let verb = if stream { "streamRawPredict" } else { "rawPredict" };
-        format!("{}/{model}:{verb}", self.path)
+        format!("{}/anthropic/models/{model}:{verb}", self.path)
+    }
+
+    /// The path for Gemini `model` (Google's own publisher).
+    pub fn gemini_path(&self, endpoint: crate::protocol::Endpoint, model: &str, stream: bool) -> String {
+        format!("{}/google{}", self.path, crate::protocol::gemini::upstream_path(endpoint, model, stream))
     }
 
     /// A current access token (cached; fetched when missing or about to

@@ -390,6 +390,7 @@ fn opaque_name(from: Protocol) -> &'static str {
         Protocol::Anthropic => "thinking signature",
         Protocol::OpenAiResponses => "encrypted reasoning",
         Protocol::OpenAiChat => "reasoning state",
+        Protocol::Gemini => "thought signature",
     }
 }
 
