@@ -224,6 +224,7 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     ("capacity", include_str!("scenarios/capacity.yaml")),
     ("overloaded", include_str!("scenarios/overloaded.yaml")),
     ("quirks", include_str!("scenarios/quirks.yaml")),
+    ("gemini", include_str!("scenarios/gemini.yaml")),
 ];
 
 /// Why a simulator config could not be loaded.

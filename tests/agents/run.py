@@ -1,6 +1,8 @@
 """Real coding agents through tidegate, as the README's "Coding agents"
-section sets them up: OpenAI Codex CLI (`codex exec`, Responses API) and
-Claude Code (`claude -p`, Anthropic messages), against
+section sets them up: OpenAI Codex CLI (`codex exec`, Responses API),
+Claude Code (`claude -p`, Anthropic messages) and Gemini CLI (`gemini -p`,
+the Gemini API: against `tidegate simulate --scenario gemini`, straight and
+through tidegate, and through tidegate to a Claude model), against
 `tidegate simulate --scenario capacity`, whose first answer to any model
 name is "429 model concurrency limit exceeded" without Retry-After.
 
@@ -31,16 +33,23 @@ from procs import free_port, wait_healthy, wait_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AGENTS = os.path.join(ROOT, "target", "agents")
-PACKAGES = ["@openai/codex@0.171.0", "@anthropic-ai/claude-code@2.1.332"]
+PACKAGES = ["@openai/codex@0.171.0", "@anthropic-ai/claude-code@2.1.332", "@google/gemini-cli@0.61.0"]
 
 
 def install():
-    bins = [os.path.join(AGENTS, "node_modules", ".bin", b) for b in ("codex", "claude")]
+    bins = [os.path.join(AGENTS, "node_modules", ".bin", b) for b in ("codex", "claude", "gemini")]
     if not all(os.path.exists(b) for b in bins):
         os.makedirs(AGENTS, exist_ok=True)
         subprocess.run(["npm", "install", "--prefix", AGENTS, "--no-audit", "--no-fund", "--silent", *PACKAGES],
                        check=True)
     return bins
+
+
+def readme_gemini_settings():
+    """The README's ~/.gemini/settings.json for Gemini CLI."""
+    block = re.search(r"```json\n(\{.*?)```", readme_section(), re.S).group(1)
+    assert "gemini-api-key" in block, block
+    return block
 
 
 def readme_section():
@@ -71,7 +80,7 @@ def run(cmd, env, timeout=180):
 
 def main():
     binary = os.path.abspath(sys.argv[1])
-    codex, claude = install()
+    codex, claude, gemini = install()
     tmp = tempfile.mkdtemp(prefix="tidegate-agents-")
     sim_port, gw_port, cloud_port = free_port(), free_port(), free_port()
     chat_port, chat_gw_port = free_port(), free_port()
@@ -106,6 +115,34 @@ models:
   "*": {{ targets: [{{ upstream: plan }}] }}
 """)
     chat_gw = subprocess.Popen([binary, "serve", "--config", chat_config], stdout=logs, stderr=logs, cwd=tmp)
+    # Gemini: a simulated Google AI Studio (`--scenario gemini`: six bare
+    # 429 RESOURCE_EXHAUSTED per model, gemini-quota's per-minute quota
+    # with RetryInfo 20s), a tidegate in front of it, and a tidegate whose
+    # every model is a Claude model (the capacity simulator) for Gemini CLI.
+    gem_port, gem_gw_port, gem_claude_port = free_port(), free_port(), free_port()
+    gem_sim = subprocess.Popen([binary, "simulate", "--scenario", "gemini", "--listen", f"127.0.0.1:{gem_port}"],
+                               stdout=logs, stderr=logs)
+    gem_config = os.path.join(tmp, "gemini.yaml")
+    with open(gem_config, "w") as f:
+        f.write(f"""listen: 127.0.0.1:{gem_gw_port}
+journal: "off"
+upstreams:
+  - {{ name: ai-studio, protocol: gemini, base_url: "http://127.0.0.1:{gem_port}", api_key: k }}
+models:
+  "*": {{ targets: [{{ upstream: ai-studio }}] }}
+""")
+    gem_gw = subprocess.Popen([binary, "serve", "--config", gem_config], stdout=logs, stderr=logs, cwd=tmp)
+    gem_claude_config = os.path.join(tmp, "gemini-on-claude.yaml")
+    with open(gem_claude_config, "w") as f:
+        f.write(f"""listen: 127.0.0.1:{gem_claude_port}
+journal: "off"
+upstreams:
+  - {{ name: claude, protocol: anthropic, base_url: "http://127.0.0.1:{sim_port}", api_key: k }}
+models:
+  "*": {{ targets: [{{ upstream: claude, model: claude-sonnet-4-5 }}] }}
+""")
+    gem_claude = subprocess.Popen([binary, "serve", "--config", gem_claude_config], stdout=logs, stderr=logs,
+                                  cwd=tmp)
     results = []
     try:
         wait_port(sim_port, sim, "simulator")
@@ -113,6 +150,9 @@ models:
         wait_healthy(f"http://127.0.0.1:{cloud_port}/healthz", cloud, "tidegate (bedrock)")
         wait_port(chat_port, chat_sim, "simulator (chat only)")
         wait_healthy(f"http://127.0.0.1:{chat_gw_port}/healthz", chat_gw, "tidegate (chat only)")
+        wait_port(gem_port, gem_sim, "simulator (gemini)")
+        wait_healthy(f"http://127.0.0.1:{gem_gw_port}/healthz", gem_gw, "tidegate (gemini)")
+        wait_healthy(f"http://127.0.0.1:{gem_claude_port}/healthz", gem_claude, "tidegate (gemini on claude)")
 
         def agent_env(name):
             home = tempfile.mkdtemp(prefix=f"{name}-", dir=tmp)
@@ -154,8 +194,33 @@ models:
         rc, out = run([claude, "-p", "say hi"], e)
         results.append(("claude -p through tidegate to a chat-completions-only provider finishes",
                          rc == 0 and "tok0" in out, out))
+
+        def gemini_run(name, base_url, model, timeout=120):
+            e = agent_env(name)
+            # 0.61 exits 41 unless the API-key auth type is chosen in settings.
+            os.makedirs(os.path.join(e["HOME"], ".gemini"))
+            with open(os.path.join(e["HOME"], ".gemini", "settings.json"), "w") as f:
+                f.write(readme_gemini_settings())
+            e.update(GEMINI_API_KEY="any-key", GOOGLE_GEMINI_BASE_URL=base_url, GEMINI_CLI_TRUST_WORKSPACE="true")
+            return run([gemini, "-m", model, "-p", "say hi"], e, timeout=timeout)
+
+        # Straight at the provider: Gemini CLI backs off from each bare 429
+        # itself (5 s, 10 s, 20 s, ...): the turn is not done in 45 s.
+        rc, out = gemini_run("gemini-direct", f"http://127.0.0.1:{gem_port}", "gemini-2.5-pro", timeout=45)
+        attempts = out.count("failed with status 429")
+        results.append((f"gemini -p straight at the simulator has not finished in 45 s ({attempts} 429s seen)",
+                        rc != 0 and attempts >= 2 and "tok0" not in out, out))
+        rc, out = gemini_run("gemini-tidegate", f"http://127.0.0.1:{gem_gw_port}", "gemini-2.5-pro")
+        results.append(("gemini -p through tidegate finishes on the model asked for, never seeing a 429",
+                         rc == 0 and "tok0" in out and "429" not in out, out))
+        rc, out = gemini_run("gemini-quota", f"http://127.0.0.1:{gem_gw_port}", "gemini-quota")
+        results.append(("gemini -p through tidegate waits out a per-minute quota (RetryInfo 20s) for it",
+                         rc == 0 and "tok0" in out and "429" not in out, out))
+        rc, out = gemini_run("gemini-claude", f"http://127.0.0.1:{gem_claude_port}", "gemini-2.5-pro")
+        results.append(("gemini -p through tidegate to a Claude model (translated, a tool call included) finishes",
+                         rc == 0 and "tok0" in out, out))
     finally:
-        for p in (chat_gw, chat_sim, cloud, gw, sim):
+        for p in (gem_claude, gem_gw, gem_sim, chat_gw, chat_sim, cloud, gw, sim):
             p.terminate()
             p.wait(timeout=10)
     failed = 0

@@ -1,5 +1,6 @@
-"""Real clients nobody here wrote: the official OpenAI and Anthropic Python
-SDKs against a running tidegate in front of `tidegate simulate`.
+"""Real clients nobody here wrote: the official OpenAI, Anthropic and
+Google (`google-genai`) Python SDKs against a running tidegate in front of
+`tidegate simulate`.
 
 Usage: python tests/sdk/check.py path/to/tidegate
 
@@ -19,6 +20,9 @@ import json
 
 import anthropic
 import openai
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as genai_types
 
 from procs import free_port, wait_healthy, wait_port
 
@@ -52,6 +56,7 @@ upstreams:
        credentials_file: "{account}" }}
   - {{ name: sim-azure, kind: azure, base_url: "http://127.0.0.1:{sim_port}", api_key: az-key, api_version: 2024-10-21 }}
   - {{ name: sim-chat-only, protocol: openai-chat, base_url: "http://127.0.0.1:{chat_port}/v1", api_key: up }}
+  - {{ name: sim-gemini, protocol: gemini, base_url: "http://127.0.0.1:{sim_port}", api_key: up }}
 models:
   gpt: {{ targets: [{{ upstream: sim-openai, model: sim-gpt }}] }}
   claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
@@ -70,6 +75,10 @@ models:
   x-chat: {{ targets: [{{ upstream: sim-chat-only, model: glm }}] }}
   x-anthropic: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
   claude-failover: {{ targets: [{{ upstream: sim-anthropic, model: sim-overloaded }}, {{ upstream: sim-chat-only, model: glm }}] }}
+  gem: {{ targets: [{{ upstream: sim-gemini, model: sim-gemini }}] }}
+  gem-busy: {{ targets: [{{ upstream: sim-gemini, model: sim-gemini-busy }}] }}
+  gem-daily: {{ targets: [{{ upstream: sim-gemini, model: sim-gemini-daily }}] }}
+  gem-on-claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
 defaults:
   retry: {{ base_delay: 50ms, max_delay: 100ms }}
   stream_keepalive_after: 300ms
@@ -104,6 +113,15 @@ models:
         body: '{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}'
       - mode: error_frame
         body: '{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}'
+  sim-gemini-busy:
+    script:
+      - &minute
+        status: 429
+        body: '{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"1s"}]}}'
+      - *minute
+  sim-gemini-daily:
+    status: 429
+    error_body: '{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"30s"}]}}'
   sim-bad:
     status: 400
     error_body: '{"error":{"message":"Invalid input: expected a string or an array","type":"invalid_request_error","param":"input","code":null}}'
@@ -162,7 +180,7 @@ def run_checks(base):
     # Every alias, in config order: each is served on every endpoint.
     aliases = ["gpt", "claude", "busy", "drop", "drop-claude", "slow", "slow-claude", "busy-once", "bad",
                "drop-responses", "busy-once-js", "claude-bedrock", "claude-vertex", "gpt-azure", "x-chat",
-               "x-anthropic", "claude-failover"]
+               "x-anthropic", "claude-failover", "gem", "gem-busy", "gem-daily", "gem-on-claude"]
 
     def openai_models():
         ids = [m.id for m in oa.models.list()]
@@ -408,7 +426,64 @@ def run_checks(base):
 
         asyncio.run(both())
 
-    checks = [openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_gives_up_once_not_twice,
+    gm = genai.Client(api_key=CLIENT_KEY, http_options=genai_types.HttpOptions(base_url=base, timeout=20_000))
+
+    def gemini_generate():
+        r = gm.models.generate_content(model="gem", contents="hello")
+        assert r.text == "tok0 tok1 tok2 tok3 tok4 ", r.text
+        assert r.usage_metadata.prompt_token_count == 10, r.usage_metadata
+
+    def gemini_stream():
+        text = "".join(c.text or "" for c in gm.models.generate_content_stream(model="gem", contents="hello"))
+        assert text == "tok0 tok1 tok2 tok3 tok4 ", text
+
+    def gemini_capacity_absorbed():
+        # Two per-minute quota refusals (RetryInfo 1s): waited out, never raised.
+        t0 = time.monotonic()
+        text = "".join(c.text or "" for c in gm.models.generate_content_stream(model="gem-busy", contents="hello"))
+        assert text.startswith("tok0"), text
+        assert time.monotonic() - t0 >= 1.9, "retryDelay honoured"
+
+    def gemini_daily_quota_answered_at_once():
+        t0 = time.monotonic()
+        try:
+            gm.models.generate_content(model="gem-daily", contents="hello")
+            raise AssertionError("no exception")
+        except genai_errors.ClientError as e:
+            assert e.code == 429, e
+            assert e.status == "RESOURCE_EXHAUSTED", e
+            assert "quota" in (e.message or ""), e.message
+        assert time.monotonic() - t0 < 3, "a daily quota is not waited for"
+
+    def gemini_typed_errors():
+        bad = genai.Client(api_key="wrong", http_options=genai_types.HttpOptions(base_url=base, timeout=20_000))
+        try:
+            bad.models.generate_content(model="gem", contents="hello")
+            raise AssertionError("no exception")
+        except genai_errors.ClientError as e:
+            assert e.code == 401 and e.status == "UNAUTHENTICATED", e
+        try:
+            gm.models.generate_content(model="nope", contents="hello")
+            raise AssertionError("no exception")
+        except genai_errors.ClientError as e:
+            assert e.code == 404 and "gem" in e.message, e
+        names = [m.name for m in gm.models.list()]
+        assert "models/gem" in names, names
+
+    def gemini_sdk_to_claude_target_with_a_tool():
+        tool = genai_types.Tool(function_declarations=[genai_types.FunctionDeclaration(
+            name="read_file", description="reads",
+            parameters=genai_types.Schema(type="OBJECT", properties={"path": genai_types.Schema(type="STRING")}))])
+        config = genai_types.GenerateContentConfig(tools=[tool], automatic_function_calling=genai_types.AutomaticFunctionCallingConfig(disable=True))
+        r = gm.models.generate_content(model="gem-on-claude", contents="read it", config=config)
+        calls = r.function_calls or []
+        assert calls and calls[0].name == "read_file" and calls[0].args == {"path": "tok0"}, r
+        n = gm.models.count_tokens(model="gem-on-claude", contents="four score and seven years ago")
+        assert n.total_tokens > 0, n
+
+    checks = [gemini_generate, gemini_stream, gemini_capacity_absorbed, gemini_daily_quota_answered_at_once,
+              gemini_typed_errors, gemini_sdk_to_claude_target_with_a_tool,
+              openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_gives_up_once_not_twice,
               openai_mid_stream_failure_raises, openai_keepalive_comments_parse,
               responses_non_stream, responses_stream, responses_capacity_absorbed, responses_typed_errors,
               responses_mid_stream_failure_raises,

@@ -2,14 +2,37 @@
 // tests/sdk/check.py (from target/sdk-js, where npm installed the SDK).
 // Prints one "ok"/"FAIL" line per check; exits non-zero on any failure.
 import OpenAI from "openai";
+import { GoogleGenAI } from "@google/genai";
 
 const [base, apiKey] = process.argv.slice(2);
 const oa = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 0, timeout: 20000 });
+// Google's JS SDK (what Gemini CLI is built on), pointed at tidegate.
+const gm = new GoogleGenAI({ apiKey, httpOptions: { baseUrl: base, timeout: 20000 } });
 const assert = (cond, what) => {
   if (!cond) throw new Error(what);
 };
 
 const checks = {
+  async js_gemini_generate_and_stream() {
+    const r = await gm.models.generateContent({ model: "gem", contents: "hello" });
+    assert(r.text === "tok0 tok1 tok2 tok3 tok4 ", JSON.stringify(r));
+    let text = "";
+    for await (const c of await gm.models.generateContentStream({ model: "gem", contents: "hello" })) text += c.text ?? "";
+    assert(text === "tok0 tok1 tok2 tok3 tok4 ", text);
+  },
+  async js_gemini_capacity_absorbed_and_daily_quota_raised() {
+    let text = "";
+    for await (const c of await gm.models.generateContentStream({ model: "gem-busy", contents: "hello" })) {
+      text += c.text ?? "";
+    }
+    assert(text.startsWith("tok0"), text);
+    try {
+      await gm.models.generateContent({ model: "gem-daily", contents: "hello" });
+      throw new Error("no exception");
+    } catch (e) {
+      assert(e.status === 429 && String(e.message).includes("PerDay"), String(e));
+    }
+  },
   async js_responses_non_stream() {
     const r = await oa.responses.create({ model: "gpt", input: "hello" });
     assert(r.status === "completed" && r.output_text === "tok0 tok1 tok2 tok3 tok4 ", JSON.stringify(r));

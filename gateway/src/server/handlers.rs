@@ -180,7 +180,12 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
                     );
                 }
             }
-            let after = if job.head.stream { gw.config.stream_keepalive_after } else { None };
+            // Google's SDKs read every SSE line as JSON: a comment breaks
+            // them, so a Gemini stream is not committed before its answer.
+            let after = match job.head.stream && protocol != Protocol::Gemini {
+                true => gw.config.stream_keepalive_after,
+                false => None,
+            };
             let keepalive = after.map(|after| (after, job.progress.clone()));
             (exchange.start(job), keepalive)
         };
