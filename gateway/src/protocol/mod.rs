@@ -33,6 +33,11 @@ use serde_json::value::RawValue;
 
 use events::{Kind, Seen};
 
+/// Characters a URL path segment built from a name (a model id, ARN or
+/// deployment) keeps as they are: RFC 3986's unreserved ones.
+pub const PATH_LABEL: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 /// What an upstream speaks (an upstream's `protocol:` in the config): the
 /// family decides its auth header and which endpoints it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -77,10 +77,7 @@ fn forwarded(name: &HeaderName, client: &HeaderMap) -> bool {
         .any(|token| token.trim().eq_ignore_ascii_case(name))
 }
 
-/// Characters a URL path segment built from a name (a model id, ARN or
-/// deployment) keeps as they are: RFC 3986's unreserved ones.
-pub(crate) const PATH_LABEL: &percent_encoding::AsciiSet =
-    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+pub(crate) use crate::protocol::PATH_LABEL;
 
 /// A cloud's error as the Anthropic error of the same meaning (the
 /// protocol's own error body), its message keeping the cloud's name for

@@ -133,7 +133,7 @@ pub fn parse_path(path: &str) -> Option<(Endpoint, String)> {
 /// version prefix (`/v1beta` on Google AI Studio, a project's publisher
 /// path on Vertex); a stream asks for SSE (`alt=sse`).
 pub fn upstream_path(endpoint: Endpoint, model: &str, stream: bool) -> String {
-    let model = percent_encoding::utf8_percent_encode(model, crate::upstream::PATH_LABEL);
+    let model = percent_encoding::utf8_percent_encode(model, super::PATH_LABEL);
     let method = match endpoint {
         Endpoint::GeminiCountTokens => "countTokens",
         Endpoint::EmbedContent => "embedContent",
