@@ -84,11 +84,28 @@ async fn gemini_clients_reach_a_gemini_upstream_with_its_own_key_in_its_own_path
     let got = chunks(&resp.text().await.unwrap());
     assert_eq!(text_of(&got), "tok0 tok1 tok2 ");
     assert_eq!(got.last().unwrap()["candidates"][0]["finishReason"], "STOP");
+    // Without alt=sse: Google's other framing, one JSON array streamed.
+    let resp = gpost(&gw, "/v1beta/models/gem:streamGenerateContent", &ask("hi")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    let array: Vec<Value> = resp.json().await.unwrap();
+    assert_eq!(text_of(&array), "tok0 tok1 tok2 ");
+    assert_eq!(array.last().unwrap()["candidates"][0]["finishReason"], "STOP");
+    // Embeddings and token counts pass through to a Gemini target.
+    let resp = gpost(&gw, "/v1beta/models/gem:embedContent", &json!({"content": {"parts": [{"text": "hi"}]}})).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.json::<Value>().await.unwrap()["embedding"]["values"][0], 0.25);
+    let resp = gpost(&gw, "/v1beta/models/gem:countTokens", &ask("hi")).await;
+    assert_eq!(resp.json::<Value>().await.unwrap()["totalTokens"], 10);
     let received = sim.state.received();
+    assert_eq!(received[2].query.as_deref(), Some("alt=sse"), "the upstream is always asked for SSE");
+    assert_eq!(received[3].path, "/v1beta/models/gemini-real:embedContent");
+    assert_eq!(received[4].path, "/v1beta/models/gemini-real:countTokens");
+    let received = &received[..2];
     assert_eq!(received[0].path, "/v1beta/models/gemini-real:generateContent");
     assert_eq!(received[1].path, "/v1beta/models/gemini-real:streamGenerateContent");
     assert_eq!(received[1].query.as_deref(), Some("alt=sse"));
-    for r in &received {
+    for r in received {
         assert_eq!(r.headers["x-goog-api-key"], UPSTREAM_KEY, "the upstream's key, never the client's");
         assert!(r.headers.get("authorization").is_none());
         assert_eq!(r.body, serde_json::to_vec(&ask("hi")).unwrap(), "the client's bytes, as they are");
@@ -109,7 +126,7 @@ async fn gemini_clients_reach_a_gemini_upstream_with_its_own_key_in_its_own_path
     let resp = client().post(url(&gw, GEN)).header("x-goog-api-key", "k-dev").body("[1").send().await.unwrap();
     assert_eq!(resp.status(), 400);
     assert_eq!(resp.json::<Value>().await.unwrap()["error"]["status"], "INVALID_ARGUMENT");
-    assert_eq!(sim.state.received().len(), 2);
+    assert_eq!(sim.state.received().len(), 5);
     // The model list, in Google's shape.
     let list: Value = client()
         .get(url(&gw, "/v1beta/models"))

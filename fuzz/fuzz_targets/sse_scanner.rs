@@ -9,12 +9,13 @@ use tidegate::stream::sse::Scanner;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&control, rest)) = data.split_first() else { return };
-    let protocol = match control % 3 {
+    let protocol = match control % 4 {
         0 => Protocol::OpenAiChat,
         1 => Protocol::OpenAiResponses,
+        2 => Protocol::Gemini,
         _ => Protocol::Anthropic,
     };
-    let cut = usize::from(control / 3).max(1);
+    let cut = usize::from(control / 4).max(1);
     let mut scanner = Scanner::with_limit(protocol, 4096, 16 * 1024);
     let mut out = Vec::new();
     for chunk in rest.chunks(cut) {

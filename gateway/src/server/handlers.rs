@@ -130,6 +130,8 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
     let (mut parts, body) = req.into_parts();
     async move {
         let protocol = endpoint.protocol();
+        // A Gemini stream asked for without `alt=sse`: one JSON array.
+        let array = endpoint == Endpoint::StreamGenerateContent && !protocol::gemini::wants_sse(parts.uri.query());
         // Gemini names the model in the path (and may send the key in the query).
         let named = match protocol {
             Protocol::Gemini => {
@@ -201,8 +203,23 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
             None => running.await,
         };
         let answer = exchange.absorb(ran);
-        exchange.respond(answer, protocol)
+        let response = exchange.respond(answer, protocol);
+        if array { as_json_array(response) } else { response }
     }
+}
+
+/// A Gemini stream answer re-framed as Google's streamed JSON array (an
+/// error answer is one JSON object already, and stays so).
+fn as_json_array(response: Response) -> Response {
+    let sse =
+        response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !response.status().is_success() || !sse {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::new(protocol::gemini::array::JsonArray::new(body)))
 }
 
 /// The loop is still waiting after `stream_keepalive_after`: commit 200

@@ -6,6 +6,7 @@
 //! chunks of the same `GenerateContentResponse` shape, with no terminal
 //! event: a candidate's `finishReason` ends the answer.
 
+pub mod array;
 pub mod turn;
 
 use std::time::Duration;
@@ -127,6 +128,12 @@ pub fn parse_path(path: &str) -> Option<(Endpoint, String)> {
         return None;
     }
     Some((endpoint, model.into_owned()))
+}
+
+/// Whether a Gemini stream request asked for SSE (`alt=sse`); without it
+/// Google streams one JSON array ([`array::JsonArray`]).
+pub fn wants_sse(query: Option<&str>) -> bool {
+    query.is_some_and(|q| url::form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == "alt" && v == "sse"))
 }
 
 /// The path of `endpoint` for `model` on a Gemini upstream, after its
