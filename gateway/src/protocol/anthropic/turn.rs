@@ -894,16 +894,7 @@ impl Writer {
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
             Delta::ToolCall { index, id, name } => self.calls.open(index, id, name),
             Delta::ToolArgs { index, args } => self.calls.args(index, &args),
-            Delta::Usage(u) => {
-                let merge = |new: u64, old: u64| if new > 0 { new } else { old };
-                self.usage = Usage {
-                    input: merge(u.input, self.usage.input),
-                    output: merge(u.output, self.usage.output),
-                    cached: merge(u.cached, self.usage.cached),
-                    cache_written: merge(u.cache_written, self.usage.cache_written),
-                    reasoning: merge(u.reasoning, self.usage.reasoning),
-                };
-            }
+            Delta::Usage(u) => self.usage.merge(u),
             Delta::Stop(stop) => self.stop = Some(stop),
             Delta::Done => self.finish(out),
             Delta::Error { status, message } => self.fail(crate::protocol::kind_of_status(status), &message, out),
