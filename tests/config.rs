@@ -312,5 +312,9 @@ fn check_says_which_aliases_translate_and_which_clients_they_do_not_serve() {
         text.contains("models.glm: openai-chat clients reach plan (anthropic) translated; openai-responses clients reach plan (anthropic), deepseek (openai-chat) translated; anthropic clients reach deepseek (openai-chat) translated"),
         "{text}"
     );
-    assert!(text.contains("models.gpt: not served to anthropic clients"), "{text}");
+    assert!(text.contains("models.gpt: not served to anthropic clients; not served to gemini clients"), "{text}");
+    assert!(
+        text.contains("; gemini clients reach plan (anthropic), deepseek (openai-chat) translated"),
+        "Gemini clients are reported too: {text}"
+    );
 }

@@ -353,7 +353,7 @@ impl Config {
     /// not serve at all (every target that could says `translate: false`).
     pub fn translation_report(&self) -> Vec<String> {
         use crate::protocol::{Endpoint, Way};
-        let clients = [Endpoint::ChatCompletions, Endpoint::Responses, Endpoint::Messages];
+        let clients = [Endpoint::ChatCompletions, Endpoint::Responses, Endpoint::Messages, Endpoint::GenerateContent];
         let mut lines = Vec::new();
         for (alias, route) in &self.models {
             let mut said = Vec::new();
