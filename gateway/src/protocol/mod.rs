@@ -196,6 +196,13 @@ impl Protocol {
         }
     }
 
+    /// Whether its clients read SSE comments as keep-alives (Google's SDKs
+    /// parse every line as JSON and fail on one): only then may a waiting
+    /// stream be committed early with comments (`stream_keepalive_after`).
+    pub fn keeps_alive_with_comments(self) -> bool {
+        !matches!(self, Protocol::Gemini)
+    }
+
     /// Whether a 2xx JSON answer must be read whole before it is relayed
     /// (to find a failure under 200, or the id state is pinned to).
     pub fn reads_json_answers(self) -> bool {

@@ -58,7 +58,7 @@ pub async fn models(State(gw): State<Arc<Gateway>>, uri: http::Uri, mut headers:
 /// endpoint, `GET /v1beta/models/{alias}` describes one alias.
 pub async fn gemini_model(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     if req.method() == http::Method::POST
-        && let Some((endpoint, _)) = protocol::gemini::parse_path(req.uri().path())
+        && let Some((endpoint, _)) = protocol::gemini::split_path(req.uri().path())
     {
         return proxy(gw, endpoint, req).await;
     }
@@ -182,9 +182,7 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
                     );
                 }
             }
-            // Google's SDKs read every SSE line as JSON: a comment breaks
-            // them, so a Gemini stream is not committed before its answer.
-            let after = match job.head.stream && protocol != Protocol::Gemini {
+            let after = match job.head.stream && protocol.keeps_alive_with_comments() {
                 true => gw.config.stream_keepalive_after,
                 false => None,
             };

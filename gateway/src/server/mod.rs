@@ -101,7 +101,7 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Front {
             let endpoint = Endpoint::FIXED
                 .into_iter()
                 .find(|e| e.path() == path)
-                .or_else(|| crate::protocol::gemini::parse_path(path).map(|(e, _)| e));
+                .or_else(|| crate::protocol::gemini::split_path(path).map(|(e, _)| e));
             if let Some(endpoint) = endpoint {
                 let gw = self.live.load();
                 return Box::pin(async move { Ok(handlers::proxy(gw, endpoint, req).await) });

@@ -114,6 +114,18 @@ pub fn model_entry(alias: &str) -> Value {
 /// the endpoint and the model (percent-decoded); `None` for any other
 /// path.
 pub fn parse_path(path: &str) -> Option<(Endpoint, String)> {
+    let (endpoint, model) = split_path(path)?;
+    let model = percent_encoding::percent_decode_str(model).decode_utf8().ok()?;
+    if model.is_empty() || model.contains('/') {
+        return None;
+    }
+    Some((endpoint, model.into_owned()))
+}
+
+/// The endpoint a Gemini model path names, and its model as written
+/// (still percent-encoded): what the front service needs to route it,
+/// without decoding the model (the handler does, once).
+pub fn split_path(path: &str) -> Option<(Endpoint, &str)> {
     let rest = path.strip_prefix("/v1beta/models/").or_else(|| path.strip_prefix("/v1/models/"))?;
     let (model, method) = rest.rsplit_once(':')?;
     let endpoint = match method {
@@ -123,11 +135,7 @@ pub fn parse_path(path: &str) -> Option<(Endpoint, String)> {
         "embedContent" => Endpoint::EmbedContent,
         _ => return None,
     };
-    let model = percent_encoding::percent_decode_str(model).decode_utf8().ok()?;
-    if model.is_empty() || model.contains('/') {
-        return None;
-    }
-    Some((endpoint, model.into_owned()))
+    Some((endpoint, model))
 }
 
 /// Whether a Gemini stream request asked for SSE (`alt=sse`); without it

@@ -418,7 +418,8 @@ fn finish_reason(stop: &Stop) -> &'static str {
 }
 
 fn usage_of(v: &Value) -> Usage {
-    let Ok(u) = serde_json::from_value::<UsageIn>(v.clone()) else { return Usage::default() };
+    // Read from the tree in place (a `Value` deserializes by reference).
+    let Ok(u) = <UsageIn as serde::Deserialize>::deserialize(v) else { return Usage::default() };
     let thoughts = u.thoughts.unwrap_or(0);
     Usage {
         input: u.prompt.unwrap_or(0),
