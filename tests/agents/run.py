@@ -94,27 +94,20 @@ def main():
                                  "--listen", f"127.0.0.1:{chat_port}"], stdout=logs, stderr=logs)
     gw = subprocess.Popen([binary, "serve", "--config", os.path.join(ROOT, "examples", "try.yaml")],
                           env=env, stdout=logs, stderr=logs, cwd=tmp)
-    cloud_config = os.path.join(tmp, "bedrock.yaml")
-    with open(cloud_config, "w") as f:
-        f.write(f"""listen: 127.0.0.1:{cloud_port}
-journal: "off"
-upstreams:
-  - {{ name: bedrock, kind: bedrock, region: us-east-1, base_url: "http://127.0.0.1:{sim_port}",
-       aws_access_key_id: AKIDAGENTS, aws_secret_access_key: agents-secret }}
-models:
-  "claude-*": {{ targets: [{{ upstream: bedrock }}] }}
-""")
-    cloud = subprocess.Popen([binary, "serve", "--config", cloud_config], stdout=logs, stderr=logs, cwd=tmp)
-    chat_config = os.path.join(tmp, "chat-only.yaml")
-    with open(chat_config, "w") as f:
-        f.write(f"""listen: 127.0.0.1:{chat_gw_port}
-journal: "off"
-upstreams:
-  - {{ name: plan, protocol: openai-chat, base_url: "http://127.0.0.1:{chat_port}/v1", api_key: k }}
-models:
-  "*": {{ targets: [{{ upstream: plan }}] }}
-""")
-    chat_gw = subprocess.Popen([binary, "serve", "--config", chat_config], stdout=logs, stderr=logs, cwd=tmp)
+    def serve(name, port, upstream, models):
+        """A tidegate on `port` with one upstream and its models (YAML flow lines)."""
+        path = os.path.join(tmp, f"{name}.yaml")
+        with open(path, "w") as f:
+            f.write(f'listen: 127.0.0.1:{port}\njournal: "off"\nupstreams:\n  - {upstream}\nmodels:\n  {models}\n')
+        return subprocess.Popen([binary, "serve", "--config", path], stdout=logs, stderr=logs, cwd=tmp)
+
+    cloud = serve("bedrock", cloud_port,
+                  f'{{ name: bedrock, kind: bedrock, region: us-east-1, base_url: "http://127.0.0.1:{sim_port}", '
+                  'aws_access_key_id: AKIDAGENTS, aws_secret_access_key: agents-secret }',
+                  '"claude-*": { targets: [{ upstream: bedrock }] }')
+    chat_gw = serve("chat-only", chat_gw_port,
+                    f'{{ name: plan, protocol: openai-chat, base_url: "http://127.0.0.1:{chat_port}/v1", api_key: k }}',
+                    '"*": { targets: [{ upstream: plan }] }')
     # Gemini: a simulated Google AI Studio (`--scenario gemini`: six bare
     # 429 RESOURCE_EXHAUSTED per model, gemini-quota's per-minute quota
     # with RetryInfo 20s), a tidegate in front of it, and a tidegate whose
@@ -122,27 +115,12 @@ models:
     gem_port, gem_gw_port, gem_claude_port = free_port(), free_port(), free_port()
     gem_sim = subprocess.Popen([binary, "simulate", "--scenario", "gemini", "--listen", f"127.0.0.1:{gem_port}"],
                                stdout=logs, stderr=logs)
-    gem_config = os.path.join(tmp, "gemini.yaml")
-    with open(gem_config, "w") as f:
-        f.write(f"""listen: 127.0.0.1:{gem_gw_port}
-journal: "off"
-upstreams:
-  - {{ name: ai-studio, protocol: gemini, base_url: "http://127.0.0.1:{gem_port}", api_key: k }}
-models:
-  "*": {{ targets: [{{ upstream: ai-studio }}] }}
-""")
-    gem_gw = subprocess.Popen([binary, "serve", "--config", gem_config], stdout=logs, stderr=logs, cwd=tmp)
-    gem_claude_config = os.path.join(tmp, "gemini-on-claude.yaml")
-    with open(gem_claude_config, "w") as f:
-        f.write(f"""listen: 127.0.0.1:{gem_claude_port}
-journal: "off"
-upstreams:
-  - {{ name: claude, protocol: anthropic, base_url: "http://127.0.0.1:{sim_port}", api_key: k }}
-models:
-  "*": {{ targets: [{{ upstream: claude, model: claude-sonnet-4-5 }}] }}
-""")
-    gem_claude = subprocess.Popen([binary, "serve", "--config", gem_claude_config], stdout=logs, stderr=logs,
-                                  cwd=tmp)
+    gem_gw = serve("gemini", gem_gw_port,
+                   f'{{ name: ai-studio, protocol: gemini, base_url: "http://127.0.0.1:{gem_port}", api_key: k }}',
+                   '"*": { targets: [{ upstream: ai-studio }] }')
+    gem_claude = serve("gemini-on-claude", gem_claude_port,
+                       f'{{ name: claude, protocol: anthropic, base_url: "http://127.0.0.1:{sim_port}", api_key: k }}',
+                       '"*": { targets: [{ upstream: claude, model: claude-sonnet-4-5 }] }')
     results = []
     try:
         wait_port(sim_port, sim, "simulator")
