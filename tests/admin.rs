@@ -40,7 +40,7 @@ async fn admin_needs_its_key() {
 }
 
 #[tokio::test]
-async fn learned_limits_and_open_breakers_are_visible() {
+async fn learned_limits_and_benched_upstreams_are_visible() {
     let sim = sim(&[
         ("real-gpt", Behavior { reject_over: Some(2), latency_ms: 100, ..Default::default() }),
         (
@@ -71,7 +71,9 @@ async fn learned_limits_and_open_breakers_are_visible() {
     assert!(limit < 10, "learned limit not visible: {openai}");
     assert_eq!(openai["in_flight"], 0);
     let anthropic = &v["upstreams"][1];
-    assert_eq!(anthropic["health"]["state"], "open", "{anthropic}");
+    // An auth refusal benches the upstream at the first answer.
+    assert_eq!(anthropic["health"]["state"], "benched", "{anthropic}");
+    assert!(anthropic["health"]["reason"].as_str().unwrap().starts_with("auth error: 401"), "{anthropic}");
     assert!(anthropic["health"]["for_ms"].as_u64().unwrap() > 50_000);
 }
 

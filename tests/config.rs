@@ -318,3 +318,40 @@ fn check_says_which_aliases_translate_and_which_clients_they_do_not_serve() {
         "Gemini clients are reported too: {text}"
     );
 }
+
+#[test]
+fn a_pool_becomes_one_upstream_per_account_and_its_targets_one_group() {
+    let text = VALID.replace(
+        "api_key: \"${SET}\" }",
+        "api_key: shared, max_concurrent: 5, accounts: [{ name: x, api_key: kx }, { name: y, max_concurrent: 2, headers: { H: v } }] }",
+    );
+    let c = Config::parse(&text, &|_| None).unwrap();
+    let names: Vec<&str> = c.upstreams.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(names, ["a/x", "a/y", "b"]);
+    assert_eq!(c.upstreams[0].api_key.expose(), "kx");
+    assert_eq!(c.upstreams[1].api_key.expose(), "shared", "the upstream's key when the account has none");
+    assert_eq!(c.upstreams[0].limits.max_concurrent, Some(5));
+    assert_eq!(c.upstreams[1].limits.max_concurrent, Some(2));
+    assert!(c.upstreams[1].headers.iter().any(|(n, _)| n == "h"));
+    assert_eq!(c.upstreams[0].pool.as_ref().map(|p| p.account.as_str()), Some("x"));
+    let (_, route) = c.find_route("m").unwrap();
+    assert_eq!(route.targets.len(), 2);
+    assert!(route.targets.iter().all(|t| t.group == Some(0) && t.model.as_deref() == Some("real")));
+    // Names are checked, and so are the rules' classes.
+    let bad = VALID.replace(
+        "api_key: \"${SET}\" }",
+        "retry: [{ on_status: [400], class: request }, { on_status: [402], class: entitlement, delay: 1s }], fatal: [{ on_status: [403], class: capacity }, { on_status: [401], class: nope }], accounts: [{ name: x }, { name: x }, { name: \"p/q\" }] }",
+    );
+    let p = problems(&bad);
+    let want = [
+        "upstreams[0].accounts[1].name: \"x\" is used twice",
+        "upstreams[0].accounts[2].name: must be a non-empty name without /",
+        "upstreams[0].retry[0].class: a request error is never retried",
+        "upstreams[0].retry[1].class: entitlement moves the request",
+        "upstreams[0].fatal[0].class: a fatal rule stops the request",
+        "upstreams[0].fatal[1].class: \"nope\" is not one of",
+    ];
+    for w in want {
+        assert!(p.iter().any(|line| line.starts_with(w)), "missing {w:?} in {p:#?}");
+    }
+}

@@ -96,28 +96,27 @@ async fn three_flaky_targets_still_serve_almost_everything() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn auth_failure_opens_the_primary_breaker_which_heals() {
+async fn an_auth_failure_benches_the_primary_until_a_probe_succeeds() {
     let primary = sim(&[(
         "prim",
         Behavior {
-            script: vec![Fault::new(401, r#"{"error":{"message":"Incorrect API key"}}"#); 2],
+            script: vec![Fault::new(401, r#"{"error":{"message":"Incorrect API key"}}"#)],
             ..Default::default()
         },
     )]);
     let backup = sim(&[]);
-    let extra = "    breaker_failures: 2\n    breaker_cooldown: 300ms";
-    let gw = gateway(&two_targets(&primary, &backup, extra, "")).await;
+    let gw = gateway(&two_targets(&primary, &backup, "", "")).await;
     let body = r#"{"model":"multi"}"#;
     assert_eq!(ask(&gw, body).await, (200, "backup".into()), "auth failure on primary: secondary serves");
+    // Benched at the first auth failure: the primary is skipped.
     assert_eq!(ask(&gw, body).await, (200, "backup".into()));
-    // Two auth failures in a row: the breaker is open, the primary is skipped.
     assert_eq!(ask(&gw, body).await, (200, "backup".into()));
-    assert_eq!(primary.state.received().len(), 2);
-    // After the cooldown one probe goes through; the primary has recovered.
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    assert_eq!(ask(&gw, body).await, (200, "sim-openai".into()), "half-open probe");
-    assert_eq!(ask(&gw, body).await, (200, "sim-openai".into()), "closed again");
-    assert_eq!(primary.state.received().len(), 4);
+    assert_eq!(primary.state.received().len(), 1);
+    // After the first interval one probe goes through; the key works again.
+    tokio::time::sleep(tidegate::health::BENCH_FIRST + Duration::from_secs(1)).await;
+    assert_eq!(ask(&gw, body).await, (200, "sim-openai".into()), "the probe");
+    assert_eq!(ask(&gw, body).await, (200, "sim-openai".into()), "serving again");
+    assert_eq!(primary.state.received().len(), 3);
 }
 
 #[tokio::test(start_paused = true)]

@@ -10,6 +10,10 @@
 //! over freely. Pins live in memory, bounded (`MAX_LOCAL`, expired ones
 //! dropped first) and, with shared state, in Redis for every replica, each
 //! for `response_pin_ttl`.
+//!
+//! The same map keeps conversations where their prompt cache is (session
+//! affinity, kind `session`): a session key → the upstream (pool account)
+//! that last answered it, for `affinity_ttl`, renewed on every answer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,13 +36,26 @@ pub struct Pins {
     shared: Option<Arc<SharedState>>,
     names: Arc<[String]>,
     tasks: TaskTracker,
+    /// What the ids are (`pin`, `session`): their namespace in Redis.
+    kind: &'static str,
 }
 
 impl Pins {
     /// Pins kept for `ttl`; `names` are the upstreams by index (Redis
     /// stores names, which mean the same on every replica).
     pub fn new(ttl: Duration, shared: Option<Arc<SharedState>>, names: Arc<[String]>, tasks: TaskTracker) -> Self {
-        Self { local: Mutex::new(HashMap::new()), ttl, shared, names, tasks }
+        Self::of_kind("pin", ttl, shared, names, tasks)
+    }
+
+    /// Like [`Pins::new`], for ids of another `kind` (their Redis namespace).
+    pub fn of_kind(
+        kind: &'static str,
+        ttl: Duration,
+        shared: Option<Arc<SharedState>>,
+        names: Arc<[String]>,
+        tasks: TaskTracker,
+    ) -> Self {
+        Self { local: Mutex::new(HashMap::new()), ttl, shared, names, tasks, kind }
     }
 
     /// Takes over the pins of `previous` (a config reload), each to the
@@ -60,8 +77,8 @@ impl Pins {
     pub fn remember(&self, id: String, upstream: UpstreamId) {
         let now = Instant::now();
         if let (Some(shared), Some(name)) = (&self.shared, self.names.get(upstream.index())) {
-            let (shared, name, key, ttl) = (shared.clone(), name.clone(), id.clone(), self.ttl);
-            self.tasks.spawn(async move { shared.pin(&key, &name, ttl).await });
+            let (shared, name, key, ttl, kind) = (shared.clone(), name.clone(), id.clone(), self.ttl, self.kind);
+            self.tasks.spawn(async move { shared.pin(kind, &key, &name, ttl).await });
         }
         let Ok(mut local) = self.local.lock() else { return };
         if local.len() >= MAX_LOCAL {
@@ -86,7 +103,7 @@ impl Pins {
         if local.is_some() {
             return local;
         }
-        let name = self.shared.as_ref()?.pinned(id).await?;
+        let name = self.shared.as_ref()?.pinned(self.kind, id).await?;
         self.names.iter().position(|n| *n == name).map(UpstreamId::at)
     }
 }

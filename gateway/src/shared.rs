@@ -167,14 +167,18 @@ const MAX_TURNS: u32 = 10_000;
 /// slow read fails the read, not the store.
 const KEPT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Lower the shared limit to ×0.75 of the leases held (floor 1).
+/// Lower the shared limit to the leases the others still hold when a
+/// concurrency refusal comes back (what the provider accepted; floor 1),
+/// and remember that level as the ceiling of growth for ARGV[2] ms.
 const LOWER: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
 local limit = tonumber(redis.call('GET', KEYS[2]) or ARGV[1])
-local lowered = math.max(1, held * 0.75)
+local lowered = math.max(1, held)
+local ceiling = tonumber(redis.call('GET', KEYS[3]) or ARGV[1])
+redis.call('SET', KEYS[3], tostring(math.min(ceiling, lowered)), 'PX', ARGV[2])
 if lowered < limit then
   redis.call('SET', KEYS[2], tostring(lowered))
   return tostring(lowered)
@@ -182,11 +186,15 @@ end
 return tostring(limit)
 ";
 
-/// Grow the shared limit by 1/limit, up to ARGV cap.
+/// Grow the shared limit by 1/limit, up to ARGV cap and, while the level
+/// last refused is remembered (KEYS[2]), never up to it.
 const GROW: &str = r"
 local limit = tonumber(redis.call('GET', KEYS[1]))
 if not limit then return ARGV[1] end
-local grown = math.min(tonumber(ARGV[1]), limit + 1 / limit)
+local cap = tonumber(ARGV[1])
+local ceiling = redis.call('GET', KEYS[2])
+if ceiling then cap = math.min(cap, math.floor(tonumber(ceiling))) end
+local grown = math.max(limit, math.min(cap, limit + 1 / limit))
 redis.call('SET', KEYS[1], tostring(grown))
 return tostring(grown)
 ";
@@ -235,6 +243,9 @@ struct Keys {
     waiters: String,
     waiters_exp: String,
     limit: String,
+    /// The highest level known to be accepted after a concurrency refusal
+    /// (expires with the learned limit's memory).
+    ceiling: String,
     released: String,
     rpm: String,
     tpm: String,
@@ -252,6 +263,7 @@ impl Keys {
             waiters: key("waiters"),
             waiters_exp: key("waiters_exp"),
             limit: key("limit"),
+            ceiling: key("ceiling"),
             released: key("released"),
             rpm: key("rpm"),
             tpm: key("tpm"),
@@ -612,7 +624,8 @@ impl SharedState {
     pub async fn lower(&self, upstream: &str, cap: u32) -> Option<f64> {
         let keys = self.upstreams.get(upstream)?;
         let mut inv = self.scripts.lower.prepare_invoke();
-        inv.key(&keys.leases).key(&keys.limit).arg(cap);
+        let memory = crate::limits::ADAPTIVE_MEMORY.as_millis() as u64;
+        inv.key(&keys.leases).key(&keys.limit).key(&keys.ceiling).arg(cap).arg(memory);
         self.call::<String>(inv).await.and_then(|s| s.parse().ok())
     }
 
@@ -620,7 +633,7 @@ impl SharedState {
     pub async fn grow(&self, upstream: &str, cap: u32) -> Option<f64> {
         let keys = self.upstreams.get(upstream)?;
         let mut inv = self.scripts.grow.prepare_invoke();
-        inv.key(&keys.limit).arg(cap);
+        inv.key(&keys.limit).key(&keys.ceiling).arg(cap);
         self.call::<String>(inv).await.and_then(|s| s.parse().ok())
     }
 
@@ -638,15 +651,16 @@ impl SharedState {
         let _ = self.call::<i64>(inv).await;
     }
 
-    /// Remembers, for every replica, that `upstream` stores response `id`
-    /// (the Responses API's state), for `ttl`.
-    pub async fn pin(&self, id: &str, upstream: &str, ttl: Duration) {
+    /// Remembers, for every replica, that `upstream` holds `id` (a
+    /// response the Responses API stores, kind `pin`; a conversation's
+    /// prompt cache, kind `session`), for `ttl`.
+    pub async fn pin(&self, kind: &str, id: &str, upstream: &str, ttl: Duration) {
         if !self.is_up() {
             return;
         }
         let mut conn = self.conn.clone();
         let cmd = redis::cmd("SET")
-            .arg(format!("tidegate:pin:{id}"))
+            .arg(format!("tidegate:{kind}:{id}"))
             .arg(upstream)
             .arg("PX")
             .arg(ttl.as_millis() as u64)
@@ -681,13 +695,14 @@ impl SharedState {
         Some(items)
     }
 
-    /// The upstream that stores response `id`, if any replica pinned it.
-    pub async fn pinned(&self, id: &str) -> Option<String> {
+    /// The upstream that holds `id` (of `kind`, see [`SharedState::pin`]),
+    /// if any replica pinned it.
+    pub async fn pinned(&self, kind: &str, id: &str) -> Option<String> {
         if !self.is_up() {
             return None;
         }
         let mut conn = self.conn.clone();
-        let cmd = redis::cmd("GET").arg(format!("tidegate:pin:{id}")).to_owned();
+        let cmd = redis::cmd("GET").arg(format!("tidegate:{kind}:{id}")).to_owned();
         match tokio::time::timeout(TIMEOUT * 2, cmd.query_async::<Option<String>>(&mut conn)).await {
             Ok(Ok(name)) => name,
             Ok(Err(err)) => {

@@ -214,6 +214,36 @@ pub struct SimConfig {
     /// Each request body received is written here, numbered, named by
     /// its path (`0001-v1-messages.json`).
     pub dump: Option<std::path::PathBuf>,
+    /// Per provider key (bearer, `x-api-key` or `x-goog-api-key`): what
+    /// that account allows, for pools of accounts behind one base URL.
+    pub accounts: HashMap<String, AccountBehavior>,
+}
+
+/// What one account (provider key) of the simulator allows.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccountBehavior {
+    /// At most this many of its requests in flight (sessions); beyond,
+    /// the model's `over_limit` refusal (default `429` code 3009).
+    pub max_in_flight: Option<usize>,
+    /// Every request of this account is refused so (no plan, a wrong key,
+    /// a session limit hours away).
+    pub refuse: Option<Fault>,
+}
+
+/// What one account saw (see [`SimState::account`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AccountStats {
+    /// Requests that arrived with its key.
+    pub requests: usize,
+    /// Of those, refused for being over `max_in_flight`.
+    pub over_cap: usize,
+    /// Of those, refused by `refuse`.
+    pub refused: usize,
+    /// Requests in flight now.
+    pub in_flight: usize,
+    /// The most in flight at once, refused ones not counted.
+    pub max_in_flight: usize,
 }
 
 /// Named fault scenarios (`tidegate simulate --scenario NAME`, the demo,
@@ -293,6 +323,8 @@ pub struct SimState {
     rng: Mutex<Option<fastrand::Rng>>,
     /// Per model: requests in flight now, and the most seen.
     per_model: Mutex<HashMap<String, (usize, usize)>>,
+    /// Per provider key.
+    per_account: Mutex<HashMap<String, AccountStats>>,
     /// Requests being answered right now.
     pub in_flight: AtomicUsize,
     /// Highest `in_flight` seen.
@@ -322,6 +354,11 @@ impl SimState {
     /// The most requests to `model` that were in flight at once.
     pub fn max_in_flight_of(&self, model: &str) -> usize {
         self.per_model.lock().map_or(0, |m| m.get(model).map_or(0, |(_, max)| *max))
+    }
+
+    /// What the account of provider key `key` saw so far.
+    pub fn account(&self, key: &str) -> AccountStats {
+        self.per_account.lock().map_or(AccountStats::default(), |a| a.get(key).copied().unwrap_or_default())
     }
 
     /// What the running scenario shows.
@@ -455,13 +492,17 @@ struct Flight {
     state: Arc<SimState>,
     done: bool,
     model: Option<String>,
+    /// The provider key the request came with (when accounts are set).
+    key: Option<String>,
+    /// The provider key, counted in its account while in flight.
+    account: Option<String>,
 }
 
 impl Flight {
     fn new(state: Arc<SimState>) -> Self {
         let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         state.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        Self { state, done: false, model: None }
+        Self { state, done: false, model: None, key: None, account: None }
     }
 
     /// Counts the request against its model too; returns how many
@@ -478,6 +519,27 @@ impl Flight {
     fn finish(mut self) {
         self.done = true;
     }
+
+    /// Counts the request against its account (by provider key) and says
+    /// how that account answers it: `None` to serve it, else the refusal.
+    fn of_account(&mut self, key: &str) -> Option<Fault> {
+        let behavior = self.state.config.accounts.get(key)?;
+        let Ok(mut accounts) = self.state.per_account.lock() else { return None };
+        let stats = accounts.entry(key.to_owned()).or_default();
+        stats.requests += 1;
+        if let Some(fault) = &behavior.refuse {
+            stats.refused += 1;
+            return Some(fault.clone());
+        }
+        if behavior.max_in_flight.is_some_and(|cap| stats.in_flight >= cap) {
+            stats.over_cap += 1;
+            return Some(CONCURRENCY_3009.clone());
+        }
+        stats.in_flight += 1;
+        stats.max_in_flight = stats.max_in_flight.max(stats.in_flight);
+        self.account = Some(key.to_owned());
+        None
+    }
 }
 
 impl Drop for Flight {
@@ -487,6 +549,11 @@ impl Drop for Flight {
             && let Some((now, _)) = per_model.get_mut(&model)
         {
             *now = now.saturating_sub(1);
+        }
+        if let (Some(key), Ok(mut accounts)) = (self.account.take(), self.state.per_account.lock())
+            && let Some(stats) = accounts.get_mut(&key)
+        {
+            stats.in_flight = stats.in_flight.saturating_sub(1);
         }
         let counter = if self.done { &self.state.completed } else { &self.state.cancelled };
         counter.fetch_add(1, Ordering::SeqCst);
@@ -518,10 +585,24 @@ pub(crate) async fn serve_gemini(state: Arc<SimState>, path: &str, flight: Fligh
     }
 }
 
+/// The provider key a request carries: a bearer token, `x-api-key` or
+/// `x-goog-api-key`.
+fn provider_key(headers: &HeaderMap) -> Option<String> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| header("x-api-key"))
+        .or_else(|| header("x-goog-api-key"))
+        .map(str::to_owned)
+}
+
 /// A request arrives: counted in flight, read whole, recorded.
 async fn arrive(state: &Arc<SimState>, req: Request) -> (Flight, http::request::Parts, Bytes) {
-    let flight = Flight::new(state.clone());
+    let mut flight = Flight::new(state.clone());
     let (parts, body) = req.into_parts();
+    if !state.config.accounts.is_empty() {
+        flight.key = provider_key(&parts.headers);
+    }
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     state.record(&parts, &body);
     (flight, parts, body)
@@ -610,6 +691,13 @@ async fn serve_named(
             _ => &CONCURRENCY_3009,
         };
         return deliver(protocol, head.stream, fault);
+    }
+    if let Some(key) = flight.key.clone()
+        && let Some(fault) = flight.of_account(&key)
+    {
+        state.rejected.fetch_add(1, Ordering::SeqCst);
+        flight.finish();
+        return deliver(protocol, head.stream, &fault);
     }
     let nth = match state.served.lock() {
         Ok(mut served) => {

@@ -35,6 +35,14 @@ pub enum Class {
 }
 
 impl Class {
+    /// Every class, in the order of the docs.
+    pub const ALL: [Class; 5] = [Class::Capacity, Class::Transient, Class::Request, Class::Auth, Class::Entitlement];
+
+    /// The class a lower-case name (as [`Class::as_str`] writes it) names.
+    pub fn parse(name: &str) -> Option<Class> {
+        Self::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+
     /// Lower-case name for messages, logs and the journal.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -79,6 +87,10 @@ pub struct Outcome {
     pub rule: Option<RuleMatch>,
     /// The provider spoke of concurrency or sessions (for adaptive limits).
     pub concurrency: bool,
+    /// The refusal is about the model asked for, not the whole account
+    /// (a model not found, a per-model quota): the upstream is not
+    /// benched for it, since its other models still serve.
+    pub model_scoped: bool,
 }
 
 const CAPACITY_WORDS: &[&str] = &[
@@ -136,10 +148,14 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8], rules: &Ru
         hints.retry_after = Some(after);
         hints.source = Some("quota reset");
     }
+    // A rule says what the answer means: its `class:`, else capacity for
+    // a retry rule; a fatal rule keeps the built-in class when that is
+    // already final, else the answer is the request's own fault.
     let class = match &rule {
+        Some(RuleMatch { class: Some(declared), .. }) => *declared,
         Some(m) if m.fatal => match builtin {
             Class::Request | Class::Auth | Class::Entitlement => builtin,
-            Class::Capacity | Class::Transient => Class::Entitlement,
+            Class::Capacity | Class::Transient => Class::Request,
         },
         Some(_) => Class::Capacity,
         None => builtin,
@@ -151,6 +167,7 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8], rules: &Ru
         summary: format!("{} {}", status.as_u16(), summary::summarize(body)),
         rule,
         concurrency: lower.contains("concurren") || lower.contains("session"),
+        model_scoped: status == StatusCode::NOT_FOUND || lower.contains("permodel"),
     }
 }
 
@@ -160,7 +177,15 @@ pub fn classify_transport(failure: &TransportFailure) -> Outcome {
         TransportFailure::Connection(s) => format!("connection failed: {s}"),
         TransportFailure::Timeout(s) => format!("timed out: {s}"),
     };
-    Outcome { class: Class::Transient, status: None, hints: Hints::default(), summary, rule: None, concurrency: false }
+    Outcome {
+        class: Class::Transient,
+        status: None,
+        hints: Hints::default(),
+        summary,
+        rule: None,
+        concurrency: false,
+        model_scoped: false,
+    }
 }
 
 /// No credentials to send a request with (a cloud token that could not be
@@ -174,6 +199,7 @@ pub fn classify_credentials(detail: &str) -> Outcome {
         summary: format!("credentials: {detail}"),
         rule: None,
         concurrency: false,
+        model_scoped: false,
     }
 }
 
@@ -189,6 +215,7 @@ pub fn classify_odd(status: u16, what: &str) -> Outcome {
         summary: format!("{status} {what}"),
         rule: None,
         concurrency: false,
+        model_scoped: false,
     }
 }
 

@@ -19,6 +19,9 @@ pub struct Rule {
     pub delay: Option<Duration>,
     /// Attempts allowed when this rule matches (retry rules); 1 disables it.
     pub max_attempts: Option<u32>,
+    /// What a matching answer means (`class:`); `None`: capacity for a
+    /// retry rule, the request's own fault for a fatal one.
+    pub class: Option<super::Class>,
 }
 
 impl Rule {
@@ -57,6 +60,8 @@ pub struct RuleMatch {
     pub delay: Option<Duration>,
     /// The retry rule's attempt limit.
     pub max_attempts: Option<u32>,
+    /// The class the rule declares, if any.
+    pub class: Option<super::Class>,
 }
 
 impl Rules {
@@ -64,12 +69,19 @@ impl Rules {
     /// that is not disabled (`max_attempts: 1`).
     pub fn find(&self, status: u16, body: &str) -> Option<RuleMatch> {
         if let Some(index) = self.fatal.iter().position(|r| r.matches(status, body)) {
-            return Some(RuleMatch { fatal: true, index, delay: None, max_attempts: None });
+            let class = self.fatal[index].class;
+            return Some(RuleMatch { fatal: true, index, delay: None, max_attempts: None, class });
         }
         self.retry
             .iter()
             .enumerate()
             .find(|(_, r)| r.max_attempts != Some(1) && r.max_attempts != Some(0) && r.matches(status, body))
-            .map(|(index, r)| RuleMatch { fatal: false, index, delay: r.delay, max_attempts: r.max_attempts })
+            .map(|(index, r)| RuleMatch {
+                fatal: false,
+                index,
+                delay: r.delay,
+                max_attempts: r.max_attempts,
+                class: r.class,
+            })
     }
 }

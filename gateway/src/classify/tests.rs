@@ -23,6 +23,7 @@ fn codearts_rules() -> Rules {
             on_body_contains: vec!["TM.00001041".into(), "TPM limit".into(), "并发会话数已达上限".into()],
             delay: Some(std::time::Duration::from_secs(10)),
             max_attempts: Some(18),
+            class: None,
         }],
         fatal: vec![Rule { on_status: vec![], on_body_contains: vec!["TM.00001005".into()], ..Default::default() }],
     }
@@ -103,10 +104,34 @@ fn operator_rules_win_over_builtin_and_fatal_wins_over_all() {
     let o = classify(StatusCode::BAD_REQUEST, &HeaderMap::new(), no_plan.as_bytes(), &rules, now());
     assert_eq!(o.class, Class::Request, "fatal keeps a non-retryable built-in class");
     assert!(o.rule.unwrap().fatal);
-    // A fatal rule matching a capacity-looking answer makes it non-retryable.
+    // A fatal rule matching a capacity-looking answer makes it the
+    // request's own fault: it cannot succeed anywhere.
     let o = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), b"TM.00001005 busy", &rules, now());
-    assert_eq!(o.class, Class::Entitlement);
+    assert_eq!(o.class, Class::Request);
     assert!(!o.class.retryable());
+}
+
+#[test]
+fn a_rule_says_what_the_answer_means_with_its_class() {
+    let no_plan = r#"{"error_code":"TM.00001005","error_msg":"无正常可用套餐"}"#;
+    let rules = Rules {
+        retry: vec![Rule {
+            on_body_contains: vec!["TM.00001005".into()],
+            class: Some(Class::Entitlement),
+            ..Default::default()
+        }],
+        fatal: vec![Rule {
+            on_body_contains: vec!["content_policy".into()],
+            class: Some(Class::Auth),
+            ..Default::default()
+        }],
+    };
+    let o = classify(StatusCode::BAD_REQUEST, &HeaderMap::new(), no_plan.as_bytes(), &rules, now());
+    assert_eq!(o.class, Class::Entitlement, "this account cannot serve; another may");
+    assert!(!o.rule.unwrap().fatal);
+    let o = classify(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), b"content_policy", &rules, now());
+    assert_eq!(o.class, Class::Auth);
+    assert!(o.rule.unwrap().fatal);
 }
 
 #[test]

@@ -45,6 +45,7 @@ impl LaneLimits {
             rpm: self.rpm,
             tpm: self.tpm,
             batch_share,
+            prove_first: false,
         }
     }
 }

@@ -160,6 +160,18 @@ pub struct UpstreamConfig {
     pub limits: LimitConfig,
     /// Circuit breaker settings.
     pub breaker: BreakerConfig,
+    /// The pool this upstream is one account of (`accounts:`), if any.
+    pub pool: Option<PoolMember>,
+}
+
+/// An upstream built from one of a pool's `accounts:`: its targets are
+/// one group, and the request goes to the account with the most room.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolMember {
+    /// The pool's name (the upstream name targets use).
+    pub pool: String,
+    /// The account's name.
+    pub account: String,
 }
 
 impl UpstreamConfig {
@@ -237,6 +249,9 @@ pub struct Target {
     pub weight: u32,
     /// Clients of another protocol may reach it translated (`translate:`).
     pub translate: bool,
+    /// Targets of one pool share a group (the index of the target as
+    /// written): the pick takes the account with the most room.
+    pub group: Option<u8>,
 }
 
 /// A secret string: `Debug` and `Display` print `***`, so a stray `{:?}` in a

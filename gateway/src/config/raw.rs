@@ -141,7 +141,7 @@ pub struct RawRetry {
 }
 
 /// A `retry:` or `fatal:` rule of an upstream.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRule {
     /// Statuses the rule applies to; empty means any.
@@ -156,6 +156,11 @@ pub struct RawRule {
     /// Attempts when the rule matches (retry rules only).
     #[serde(default)]
     pub max_attempts: Option<u32>,
+    /// What a matching answer means: `capacity` (retry rules' default),
+    /// `transient`, `entitlement` or `auth` (this upstream or account
+    /// cannot serve; another may), `request` (fatal rules' default).
+    #[serde(default)]
+    pub class: Option<String>,
 }
 
 fn default_listen() -> String {
@@ -265,7 +270,7 @@ pub struct RawAnomalyAction {
 }
 
 /// One upstream provider endpoint.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     /// Unique name used by model targets, logs and headers.
@@ -370,6 +375,53 @@ pub struct RawUpstream {
     /// Answers never to retry.
     #[serde(default)]
     pub fatal: Vec<RawRule>,
+    /// Several credentials of this one provider, each with its own
+    /// limits and health (a pool); requests go to the one with room.
+    #[serde(default)]
+    pub accounts: Vec<RawAccount>,
+}
+
+/// One account of a pooled upstream: its credential and its own limits;
+/// whatever it leaves out is the upstream's.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAccount {
+    /// Reported name (in the admin API, metrics and journal as
+    /// `upstream/name`); never the key.
+    pub name: String,
+    /// This account's provider key.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// This account's concurrency cap, when known.
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+    /// This account's requests per minute.
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    /// This account's tokens per minute.
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    /// Headers added (or replaced) for this account.
+    #[serde(default)]
+    pub headers: IndexMap<String, String>,
+    /// Bedrock: this account's access key id.
+    #[serde(default)]
+    pub aws_access_key_id: Option<String>,
+    /// Bedrock: this account's secret access key.
+    #[serde(default)]
+    pub aws_secret_access_key: Option<String>,
+    /// Bedrock: this account's session token.
+    #[serde(default)]
+    pub aws_session_token: Option<String>,
+    /// Vertex: this account's project.
+    #[serde(default)]
+    pub project: Option<String>,
+    /// Vertex: this account's service-account key file.
+    #[serde(default)]
+    pub credentials_file: Option<String>,
+    /// Vertex: this account's token command.
+    #[serde(default)]
+    pub token_command: Option<String>,
 }
 
 /// A model alias clients can ask for.

@@ -9,10 +9,10 @@ use indexmap::IndexMap;
 
 use super::fields::duration;
 use super::lanes::{self, LaneConfig};
-use super::raw::{RawConfig, RawRule, RawSize, RawUpstream};
-use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, Secret, Strategy, Target, UpstreamConfig};
+use super::raw::{RawAccount, RawConfig, RawRule, RawSize, RawUpstream};
+use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, PoolMember, Secret, Strategy, Target, UpstreamConfig};
 use crate::anomaly::AnomalyConfig;
-use crate::classify::{Rule, Rules};
+use crate::classify::{Class, Rule, Rules};
 use crate::health::BreakerConfig;
 use crate::journal::Retention;
 use crate::limits::LimitConfig;
@@ -71,17 +71,46 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
         problems.push("upstreams: at least one upstream is required".into());
     }
     let mut upstreams = Vec::with_capacity(raw.upstreams.len());
-    let mut names = HashSet::new();
+    let mut names: HashSet<String> = HashSet::new();
+    // Upstreams the config describes (a pool counts one per account).
+    let mut expected = 0;
     for (i, u) in raw.upstreams.iter().enumerate() {
-        if !names.insert(u.name.as_str()) {
+        if !names.insert(u.name.clone()) {
             problems.push(format!("upstreams[{i}].name: {:?} is used twice", u.name));
         }
         if u.name.starts_with("client:") {
             problems
                 .push(format!("upstreams[{i}].name: {:?} must not start with client: (client lanes' names)", u.name));
         }
-        if let Some(up) = upstream(i, u, lookup, problems) {
-            upstreams.push(up);
+        if u.accounts.is_empty() {
+            expected += 1;
+            if let Some(up) = upstream(i, u, lookup, problems) {
+                upstreams.push(up);
+            }
+            continue;
+        }
+        // A pool: one upstream per account, named `upstream/account`.
+        let mut accounts = HashSet::new();
+        for (j, a) in u.accounts.iter().enumerate() {
+            let at = format!("upstreams[{i}].accounts[{j}].name");
+            if a.name.trim().is_empty() || a.name.contains('/') {
+                problems.push(format!("{at}: must be a non-empty name without /"));
+                continue;
+            }
+            if !accounts.insert(a.name.as_str()) {
+                problems.push(format!("{at}: {:?} is used twice", a.name));
+                continue;
+            }
+            let member = account(u, a);
+            if !names.insert(member.name.clone()) {
+                problems.push(format!("{at}: {:?} is also the name of an upstream", member.name));
+            }
+            expected += 1;
+            if let Some(mut up) = upstream(i, &member, lookup, problems) {
+                up.pool = Some(PoolMember { pool: u.name.clone(), account: a.name.clone() });
+                up.limits.prove_first = true;
+                upstreams.push(up);
+            }
         }
     }
 
@@ -170,7 +199,7 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
         duration("response_pin_ttl", &raw.response_pin_ttl, Duration::from_secs(30 * 24 * 3600), problems);
     let shutdown_grace = duration("shutdown_grace", &raw.shutdown_grace, Duration::from_secs(30), problems);
     let listen = listen?;
-    if upstreams.len() != raw.upstreams.len() {
+    if upstreams.len() != expected {
         return None;
     }
     Some(Config {
@@ -225,6 +254,31 @@ fn client_keys(raw: &RawConfig, problems: &mut Vec<String>) -> Vec<ClientKey> {
         keys.push(ClientKey { name: k.name.clone(), key: Secret::new(k.key.clone()), lane: LaneConfig::default() });
     }
     keys
+}
+
+/// The upstream one account of a pool stands for: the pool's settings
+/// with the account's name (`pool/account`), credential and limits.
+fn account(pool: &RawUpstream, a: &RawAccount) -> RawUpstream {
+    let mut member = pool.clone();
+    member.accounts = Vec::new();
+    member.name = format!("{}/{}", pool.name, a.name);
+    if let Some(key) = &a.api_key {
+        member.api_key = key.clone();
+    }
+    for (name, value) in &a.headers {
+        member.headers.insert(name.clone(), value.clone());
+    }
+    member.max_concurrent = a.max_concurrent.or(pool.max_concurrent);
+    member.rpm = a.rpm.or(pool.rpm);
+    member.tpm = a.tpm.or(pool.tpm);
+    let or = |own: &Option<String>, shared: &Option<String>| own.clone().or_else(|| shared.clone());
+    member.aws_access_key_id = or(&a.aws_access_key_id, &pool.aws_access_key_id);
+    member.aws_secret_access_key = or(&a.aws_secret_access_key, &pool.aws_secret_access_key);
+    member.aws_session_token = or(&a.aws_session_token, &pool.aws_session_token);
+    member.project = or(&a.project, &pool.project);
+    member.credentials_file = or(&a.credentials_file, &pool.credentials_file);
+    member.token_command = or(&a.token_command, &pool.token_command);
+    member
 }
 
 fn upstream(
@@ -313,6 +367,8 @@ fn upstream(
         tpm: u.tpm,
         // Set once the top level's `batch_share` is read.
         batch_share: fallback.batch_share,
+        // Set for a pool's accounts.
+        prove_first: false,
     };
     for (field, zero) in [
         ("max_concurrent", u.max_concurrent == Some(0)),
@@ -355,6 +411,7 @@ fn upstream(
         rules,
         limits,
         breaker,
+        pool: None,
     })
 }
 
@@ -375,11 +432,33 @@ fn rule(path: &str, r: &RawRule, fatal: bool, problems: &mut Vec<String>) -> Rul
             None
         }
     });
+    let class = r.class.as_deref().and_then(|name| {
+        let class = Class::parse(name);
+        match class {
+            None => problems.push(format!(
+                "{path}.class: {name:?} is not one of capacity, transient, entitlement, auth, request"
+            )),
+            Some(Class::Capacity | Class::Transient) if fatal => problems.push(format!(
+                "{path}.class: a fatal rule stops the request, so it cannot be {name} (write it as a retry rule)"
+            )),
+            Some(Class::Request) if !fatal => problems.push(format!(
+                "{path}.class: a request error is never retried (write it as a fatal rule)"
+            )),
+            Some(Class::Auth | Class::Entitlement) if r.delay.is_some() || r.max_attempts.is_some() => {
+                problems.push(format!(
+                    "{path}.class: {name} moves the request to another target at once, so delay and max_attempts do not apply"
+                ))
+            }
+            Some(_) => {}
+        }
+        class
+    });
     Rule {
         on_status: r.on_status.clone(),
         on_body_contains: r.on_body_contains.clone(),
         delay,
         max_attempts: r.max_attempts,
+        class,
     }
 }
 
@@ -411,7 +490,20 @@ fn models(
         }
         let mut targets = Vec::new();
         for (j, t) in model.targets.iter().enumerate() {
-            let Some(idx) = upstreams.iter().position(|u| u.name == t.upstream) else {
+            // A pool's target stands for one target per account, a group.
+            let members: Vec<usize> = upstreams
+                .iter()
+                .enumerate()
+                .filter(|(_, u)| u.pool.as_ref().is_some_and(|p| p.pool == t.upstream))
+                .map(|(k, _)| k)
+                .collect();
+            let position = upstreams.iter().position(|u| u.name == t.upstream);
+            let (members, group) = match position {
+                Some(idx) => (vec![idx], None),
+                None if !members.is_empty() => (members, Some(j as u8)),
+                None => (Vec::new(), None),
+            };
+            if members.is_empty() {
                 // An upstream that is listed but invalid has its own
                 // problems above; only a name nobody listed is unknown.
                 if !raw.upstreams.iter().any(|u| u.name == t.upstream) {
@@ -422,7 +514,7 @@ fn models(
                     ));
                 }
                 continue;
-            };
+            }
             if t.model.as_deref() == Some("") {
                 problems.push(format!("models.{alias}.targets[{j}].model: must not be empty"));
             }
@@ -433,12 +525,19 @@ fn models(
                     "models.{alias}.targets[{j}].weight: must be at least 1 (remove the target to send it nothing)"
                 ));
             }
-            targets.push(Target {
-                upstream: crate::ids::UpstreamId::at(idx),
-                model: t.model.clone(),
-                weight: t.weight.unwrap_or(1).max(1),
-                translate: t.translate.unwrap_or(true),
-            });
+            for idx in members {
+                targets.push(Target {
+                    upstream: crate::ids::UpstreamId::at(idx),
+                    model: t.model.clone(),
+                    weight: t.weight.unwrap_or(1).max(1),
+                    translate: t.translate.unwrap_or(true),
+                    group,
+                });
+            }
+        }
+        if targets.len() > 64 {
+            problems.push(format!("models.{alias}.targets: at most 64 targets (a pool counts one per account)"));
+            continue;
         }
         let deadline = duration(&format!("models.{alias}.deadline"), &model.deadline, default_deadline, problems);
         let strategy = match model.strategy.as_deref() {

@@ -8,9 +8,12 @@
 //! [`Permit`] is held for the whole request, stream included, and gives its
 //! slot back when dropped — on completion, error, client disconnect or
 //! panic alike. When an upstream answers "concurrency limit" while tidegate
-//! holds N slots, the effective limit drops (×0.75, floor 1) and grows back
-//! by 1/limit per success, up to the declared `max_concurrent` or
-//! `adaptive_max`.
+//! holds N slots (this request's included), the effective limit drops to
+//! N − 1 — what the provider did accept (floor 1) — and grows back by
+//! 1/limit per success, up to the declared `max_concurrent` or
+//! `adaptive_max` but, for [`ADAPTIVE_MEMORY`] after the refusal, never
+//! back to the level that was refused: a hard cap is learned once, not
+//! probed again every few requests.
 
 pub mod fair;
 pub mod gcra;
@@ -50,6 +53,10 @@ pub struct LimitConfig {
     pub tpm: Option<u64>,
     /// Share of slots batch requests get while interactive ones wait too.
     pub batch_share: f64,
+    /// One request at a time until the first answer (a pool's account:
+    /// an account without a plan or with a wrong key is met by one
+    /// request, not by a crowd).
+    pub prove_first: bool,
 }
 
 impl Default for LimitConfig {
@@ -63,6 +70,7 @@ impl Default for LimitConfig {
             rpm: None,
             tpm: None,
             batch_share: 0.1,
+            prove_first: false,
         }
     }
 }
@@ -125,8 +133,12 @@ pub struct Limiter {
     rpm: Option<Gcra>,
     tpm: Option<Gcra>,
     effective: Mutex<f64>,
+    /// The lowest level refused within [`ADAPTIVE_MEMORY`], and when.
+    refused: Mutex<Option<(u32, Instant)>>,
     /// A temporary lower cap (0: none), e.g. a client key's penalty.
     ceiling: AtomicU32,
+    /// An answer came back (see [`LimitConfig::prove_first`]).
+    proven: std::sync::atomic::AtomicBool,
     queue: Mutex<Queue>,
     shared: Option<Shared>,
     /// Permits held that have no shared lease: taken while the shared
@@ -190,6 +202,11 @@ impl Drop for Permit {
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
+
+/// How long a concurrency refusal is remembered: the limit does not grow
+/// back to the level that was refused before this much time without a
+/// refusal has passed (then it probes upward again, slowly).
+pub const ADAPTIVE_MEMORY: Duration = Duration::from_secs(600);
 
 /// A rate reservation not yet used by a slot: a request refused at its
 /// deadline, shed by a full queue or abandoned by its client while it
@@ -256,7 +273,9 @@ impl Limiter {
             rpm: config.rpm.map(|n| Gcra::new(n, minute)),
             tpm: config.tpm.map(|n| Gcra::new(n, minute)),
             effective: Mutex::new(start),
+            refused: Mutex::new(None),
             ceiling: AtomicU32::new(0),
+            proven: std::sync::atomic::AtomicBool::new(!config.prove_first),
             queue: Mutex::new(Queue { fair: Fair::new(config.batch_share), last_release: None, drain_per_sec: 0.0 }),
             slots: MemorySlots::default(),
             tasks: TaskTracker::new(),
@@ -291,6 +310,9 @@ impl Limiter {
             }
         }
         let limit = ((eff.floor() as u32) / replicas).max(1);
+        if !self.proven.load(Ordering::Acquire) {
+            return 1;
+        }
         match self.ceiling.load(Ordering::Acquire) {
             0 => limit,
             ceiling => limit.min(ceiling),
@@ -469,6 +491,7 @@ impl Limiter {
     /// The upstream said "concurrency limit" while `held` slots were taken:
     /// lower the effective limit (multiplicative decrease, floor 1).
     pub fn on_concurrency_error(&self, held: u32) {
+        self.prove();
         if !self.config.adaptive {
             return;
         }
@@ -483,8 +506,16 @@ impl Limiter {
                 }
             });
         }
+        let now = Instant::now();
+        if let Ok(mut refused) = self.refused.lock() {
+            let level = match *refused {
+                Some((level, at)) if now.saturating_duration_since(at) < ADAPTIVE_MEMORY => level.min(held.max(2)),
+                _ => held.max(2),
+            };
+            *refused = Some((level, now));
+        }
         if let Ok(mut eff) = self.effective.lock() {
-            let lowered = (f64::from(held) * 0.75).max(1.0);
+            let lowered = f64::from(held.saturating_sub(1).max(1));
             if lowered < *eff {
                 tracing::info!(from = *eff, to = lowered, held, "concurrency limit lowered");
                 *eff = lowered;
@@ -494,6 +525,7 @@ impl Limiter {
 
     /// A request succeeded: let the limit grow back slowly (additive).
     pub fn on_success(&self) {
+        self.prove();
         if !self.config.adaptive {
             return;
         }
@@ -509,10 +541,31 @@ impl Limiter {
                 });
             }
         }
+        let ceiling = self.growth_ceiling(Instant::now());
         if let Ok(mut eff) = self.effective.lock()
-            && *eff < self.cap()
+            && *eff < ceiling
         {
-            *eff = (*eff + 1.0 / *eff).min(self.cap());
+            *eff = (*eff + 1.0 / *eff).min(ceiling);
+        }
+    }
+
+    /// The account answered: it takes more than one request from now on
+    /// (the waiters get the slots at once).
+    fn prove(&self) {
+        if !self.proven.swap(true, Ordering::AcqRel) {
+            self.dispatch();
+        }
+    }
+
+    /// How far the learned limit may grow now: the cap, or just below the
+    /// level refused within [`ADAPTIVE_MEMORY`].
+    fn growth_ceiling(&self, now: Instant) -> f64 {
+        let refused = self.refused.lock().ok().and_then(|r| *r);
+        match refused {
+            Some((level, at)) if now.saturating_duration_since(at) < ADAPTIVE_MEMORY => {
+                f64::from(level - 1).min(self.cap())
+            }
+            _ => self.cap(),
         }
     }
 
@@ -683,17 +736,36 @@ mod tests {
     async fn adaptive_limit_decreases_then_grows_back() {
         let l = Limiter::new(LimitConfig::default());
         assert_eq!(l.effective_limit(), 4096);
+        // Refused with 8 held (this one included): 7 were accepted.
         l.on_concurrency_error(8);
-        assert_eq!(l.effective_limit(), 6);
-        l.on_concurrency_error(1);
+        assert_eq!(l.effective_limit(), 7);
+        l.on_concurrency_error(2);
         assert_eq!(l.effective_limit(), 1);
         for _ in 0..3 {
             l.on_success();
         }
-        assert_eq!(l.effective_limit(), 2, "additive increase, slowly");
+        // Additive increase, slowly, and never back to the refused level 2.
+        assert_eq!(l.effective_limit(), 1, "grew back to a level the provider refused");
         let fixed = limiter(3);
         fixed.on_concurrency_error(2);
         assert_eq!(fixed.effective_limit(), 3, "adaptive off keeps the declared limit");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_learned_cap_is_kept_then_probed_again_after_the_memory() {
+        let l = Limiter::new(LimitConfig::default());
+        // Refused with 4 held: the cap is 3.
+        l.on_concurrency_error(4);
+        assert_eq!(l.effective_limit(), 3);
+        for _ in 0..100 {
+            l.on_success();
+        }
+        assert_eq!(l.effective_limit(), 3, "grew to the refused level within the memory");
+        tokio::time::advance(ADAPTIVE_MEMORY).await;
+        for _ in 0..4 {
+            l.on_success();
+        }
+        assert_eq!(l.effective_limit(), 4, "after the memory the limit probes upward again");
     }
 
     #[tokio::test]

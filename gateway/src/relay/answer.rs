@@ -13,6 +13,7 @@ use http::StatusCode;
 use crate::classify::{Class, Outcome};
 use crate::error::GatewayError;
 use crate::headers::strip_hop_by_hop;
+use crate::health::Benched;
 use crate::limits::Refused;
 use crate::protocol::{ErrorKind, Protocol};
 use crate::record::WaitSource;
@@ -148,6 +149,35 @@ pub(super) fn held_off() -> Outcome {
         summary: "the provider asked for no requests until later (Retry-After on an earlier answer)".into(),
         rule: None,
         concurrency: false,
+        model_scoped: false,
+    }
+}
+
+/// The reason for a request that found every target left benched: each
+/// one's name and the answer that benched it, and the earliest reset a
+/// provider projected.
+pub(super) fn benched(gw: &crate::gateway::Gateway, benched: &[(crate::ids::UpstreamId, Benched)]) -> Outcome {
+    let all_capacity = benched.iter().all(|(_, b)| b.class == Class::Capacity);
+    let class = benched.first().map_or(Class::Entitlement, |(_, b)| b.class);
+    let each = benched
+        .iter()
+        .map(|(id, b)| {
+            let name = gw.upstreams.get(*id).map_or("?", |u| u.config.name.as_str());
+            format!("{name}: {} error, {}", b.class.as_str(), b.reason)
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Outcome {
+        class,
+        status: all_capacity.then_some(429),
+        hints: crate::classify::Hints {
+            projected_reset: benched.iter().filter_map(|(_, b)| b.reset).min(),
+            ..Default::default()
+        },
+        summary: format!("benched ({each})"),
+        rule: None,
+        concurrency: false,
+        model_scoped: false,
     }
 }
 
@@ -161,6 +191,7 @@ pub(super) fn breakers_open() -> Outcome {
                 .into(),
         rule: None,
         concurrency: false,
+        model_scoped: false,
     }
 }
 
@@ -172,9 +203,11 @@ pub(super) fn give_up(
 ) -> Answer {
     let verbatim = match why {
         GiveUp::NotRetryable | GiveUp::ProviderSaidNo | GiveUp::Chained => true,
-        GiveUp::Exhausted | GiveUp::BeyondDeadline { .. } | GiveUp::BreakerOpen { .. } | GiveUp::DeadlinePassed => {
-            false
-        }
+        GiveUp::Exhausted
+        | GiveUp::BeyondDeadline { .. }
+        | GiveUp::BreakerOpen { .. }
+        | GiveUp::Benched { .. }
+        | GiveUp::DeadlinePassed => false,
     };
     if verbatim && let Some((mut parts, body)) = answer {
         strip_hop_by_hop(&mut parts.headers);
@@ -215,6 +248,15 @@ fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> Gateway
             ErrorKind::Timeout,
             next_backoff,
             "the request's deadline passed while the upstream was still answering (it was working, not failing)".into(),
+        ),
+        GiveUp::Benched { wait } => (
+            status,
+            kind,
+            wait,
+            format!(
+                "an earlier answer said it cannot serve now, so it is benched; one probe request goes in {} (earlier if the provider's reset comes first)",
+                secs(wait)
+            ),
         ),
         GiveUp::BreakerOpen { wait } => (
             status,

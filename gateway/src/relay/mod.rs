@@ -39,7 +39,7 @@ use crate::gateway::Gateway;
 use crate::headers;
 use crate::ids::{RouteId, TargetId, UpstreamId};
 use crate::lanes::{Lane, Pass};
-use crate::limits::{Permit, Who};
+use crate::limits::{Permit, Refused, Who};
 use crate::protocol::{self, Endpoint, RequestHead};
 use crate::record::{AttemptLog, Verdict, WaitSource};
 use crate::retry::{self, Decision, GiveUp, Situation};
@@ -222,7 +222,8 @@ async fn attempts(job: &Job) -> Relayed {
                 continue;
             }
         };
-        let (mut permit, held, now) = match run.acquire(ti, tokens, now).await {
+        // In a pool, the account that gave the slot.
+        let (ti, mut permit, held, now) = match run.acquire(ti, tokens, now).await {
             Ok(acquired) => acquired,
             Err(stop) => return stop,
         };
@@ -380,14 +381,19 @@ impl<'a> Run<'a> {
                 // first probe is due, rather than queueing behind a breaker.
                 Pick::WaitUntil(until, open) => {
                     let wait = until.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
-                    (GiveUp::BreakerOpen { wait }, answer::breakers_open(), Some(open))
+                    let benched = self.targets.benched();
+                    if benched.is_empty() {
+                        (GiveUp::BreakerOpen { wait }, answer::breakers_open(), Some(open))
+                    } else {
+                        (GiveUp::Benched { wait }, answer::benched(&self.job.gw, &benched), Some(open))
+                    }
                 }
                 Pick::NoneLeft => (GiveUp::BreakerOpen { wait: Duration::from_secs(1) }, answer::breakers_open(), None),
             };
             // No target could be sent the request in its protocol: that
             // is the client's request, refused with the field named.
             if self.last.is_none()
-                && matches!(why, GiveUp::BreakerOpen { .. })
+                && matches!(why, GiveUp::BreakerOpen { .. } | GiveUp::Benched { .. })
                 && target.is_none()
                 && let Some(refused) = self.refused.take()
             {
@@ -408,20 +414,63 @@ impl<'a> Run<'a> {
 
     /// Acquire: wait for the upstream's rate buckets and a concurrency
     /// slot. Returns the permit and how many slots were held with it.
-    async fn acquire(&mut self, ti: TargetId, tokens: u64, now: Instant) -> Result<(Permit, u32, Instant), Relayed> {
+    ///
+    /// A pool's account without a free slot does not make the request wait
+    /// for that account alone: it waits for every account of the pool that
+    /// can serve at once (in each one's fair queue) and takes the first
+    /// slot any of them frees; the target returned is that account's.
+    async fn acquire(
+        &mut self,
+        ti: TargetId,
+        tokens: u64,
+        now: Instant,
+    ) -> Result<(TargetId, Permit, u32, Instant), Relayed> {
+        let gw = &self.job.gw;
+        self.job.progress.attempt(self.targets.upstream(ti));
+        let members = if self.targets.has_room(ti) { vec![ti] } else { self.targets.pool_of(ti, now) };
+        let (who, deadline) = (&self.job.who, self.job.deadline);
+        let acquired = if let [only] = members[..] {
+            let limiter = &gw.upstreams[self.targets.upstream(only)].limiter;
+            self.unless_closing(limiter.acquire(who, tokens, deadline)).await.map(|r| (only, r))
+        } else {
+            let mut members = members.clone();
+            loop {
+                let waits = members
+                    .iter()
+                    .map(|&m| {
+                        let limiter = &gw.upstreams[self.targets.upstream(m)].limiter;
+                        Box::pin(limiter.acquire(who, tokens, deadline)) as Acquiring<'_>
+                    })
+                    .collect();
+                let got = self.unless_closing(first_slot(waits)).await.map(|(k, r)| (members[k], r));
+                // An account benched (or broken) while the request waited
+                // for it gives its slot back; the wait goes on for the rest.
+                if let Some((m, Ok(_))) = &got
+                    && !self.targets.serving(*m, Instant::now())
+                {
+                    members = self.targets.pool_of(ti, Instant::now());
+                    members.retain(|k| k != m);
+                    if !members.is_empty() {
+                        continue;
+                    }
+                }
+                break got;
+            }
+        };
+        let Some((ti, acquired)) = acquired else { return Err(self.closed(ti)) };
         let index = self.targets.upstream(ti);
-        let upstream = &self.job.gw.upstreams[index];
+        let upstream = &gw.upstreams[index];
         if self.targets.first_use(ti) {
             upstream.budget.record_request(now);
         }
-        self.job.progress.attempt(index);
-        let acquired = self.unless_closing(upstream.limiter.acquire(&self.job.who, tokens, self.job.deadline)).await;
-        let Some(acquired) = acquired else { return Err(self.closed(ti)) };
+        if members.len() > 1 {
+            self.job.progress.attempt(index);
+        }
         match acquired {
             Ok(permit) => {
                 let acquired_at = Instant::now();
                 self.queue_wait += acquired_at.saturating_duration_since(now);
-                Ok((permit, upstream.limiter.in_flight(), acquired_at))
+                Ok((ti, permit, upstream.limiter.in_flight(), acquired_at))
             }
             Err(refused) => {
                 let error = answer::refused(upstream, refused, self.attempts.len(), self.started.elapsed());
@@ -484,7 +533,14 @@ impl<'a> Run<'a> {
         let gw = &self.job.gw;
         let upstream = &gw.upstreams[index];
         let now = Instant::now();
-        upstream.health.on_failure(outcome.class, outcome.hints.retry_after, now);
+        let failure = crate::health::Failure {
+            class: outcome.class,
+            hint: outcome.hints.retry_after,
+            reset: outcome.hints.projected_reset,
+            summary: &outcome.summary,
+            model_scoped: outcome.model_scoped,
+        };
+        upstream.health.on_failure(&failure, now);
         if let (Some(shared), Some((kind, left))) = (&upstream.shared, upstream.health.announcement(now))
             && shared.is_up()
             && left >= Duration::from_millis(500)
@@ -561,6 +617,37 @@ impl<'a> Run<'a> {
         let answer = answer::give_up(&ctx, why, outcome, buffered);
         self.stop(answer, Some(ti))
     }
+}
+
+/// One account's wait for a slot (a pool waits for several at once).
+type Acquiring<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Permit, Refused>> + Send + 'a>>;
+
+/// The first slot any of `waits` gives, with its index; a wait refused
+/// (full queue) leaves the others waiting, and only when every one is
+/// refused is the last refusal the answer. Dropping it leaves every queue.
+fn first_slot(mut waits: Vec<Acquiring<'_>>) -> impl Future<Output = (usize, Result<Permit, Refused>)> + Send + '_ {
+    let mut open: Vec<bool> = vec![true; waits.len()];
+    std::future::poll_fn(move |cx| {
+        let mut last = None;
+        for (k, wait) in waits.iter_mut().enumerate() {
+            if !open[k] {
+                continue;
+            }
+            if let std::task::Poll::Ready(result) = wait.as_mut().poll(cx) {
+                match result {
+                    Ok(permit) => return std::task::Poll::Ready((k, Ok(permit))),
+                    Err(refused) => {
+                        open[k] = false;
+                        last = Some((k, refused));
+                    }
+                }
+            }
+        }
+        match last {
+            Some((k, refused)) if open.iter().all(|o| !o) => std::task::Poll::Ready((k, Err(refused))),
+            _ => std::task::Poll::Pending,
+        }
+    })
 }
 
 /// One attempt: send, and turn whatever came back into an answer or a

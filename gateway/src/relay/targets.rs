@@ -127,8 +127,28 @@ impl<'a> Targets<'a> {
         self.excluded & (1 << i) != 0
     }
 
+    /// Slots an account (any target's upstream) could take now.
+    fn room(&self, i: usize) -> i64 {
+        self.gw
+            .upstreams
+            .get(self.route.targets[i].upstream)
+            .map_or(i64::MIN, |u| i64::from(u.limiter.effective_limit()) - i64::from(u.limiter.in_flight()))
+    }
+
+    /// Where target `i`'s group starts (its own index outside a pool).
+    fn group_start(&self, i: usize) -> usize {
+        match self.route.targets[i].group {
+            Some(g) => self.route.targets.iter().position(|t| t.group == Some(g)).unwrap_or(i),
+            None => i,
+        }
+    }
+
     fn order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.route.targets.len()).filter(|i| !self.is_excluded(*i)).collect();
+        if self.route.strategy == Strategy::Failover && self.route.targets.iter().any(|t| t.group.is_some()) {
+            // In order, and within a pool the account with the most room.
+            order.sort_by_key(|&i| (self.group_start(i), std::cmp::Reverse(self.room(i))));
+        }
         if self.route.strategy == Strategy::Balance {
             let load = |i: usize| {
                 let t = &self.route.targets[i];
@@ -172,6 +192,17 @@ impl<'a> Targets<'a> {
         let sooner = |kept: Option<(Instant, usize)>, until: Instant, i: usize| {
             kept.filter(|(k, _)| *k <= until).or(Some((until, i)))
         };
+        // A pool's benched account whose probe is due gets it first: one
+        // request finds out whether it serves again (and moves on at once
+        // if not), so capacity comes back without waiting for others to fill.
+        for &i in &order {
+            if self.route.targets[i].group.is_some()
+                && self.availability(i, now, false) == Availability::Probe
+                && self.availability(i, now, true) == Availability::Probe
+            {
+                return Pick::Use(TargetId::at(i));
+            }
+        }
         for &i in &order {
             match self.availability(i, now, false) {
                 Availability::Ready | Availability::Probe => {
@@ -205,6 +236,55 @@ impl<'a> Targets<'a> {
         self.order().into_iter().any(|i| {
             i != current && matches!(self.availability(i, now, false), Availability::Ready | Availability::Probe)
         })
+    }
+
+    /// The other accounts of `current`'s pool a request may wait for
+    /// (not left out, not benched, broken or held), `current` first; just
+    /// `current` outside a pool.
+    pub fn pool_of(&self, current: TargetId, now: Instant) -> Vec<TargetId> {
+        let at = current.index();
+        let Some(group) = self.route.targets[at].group else { return vec![current] };
+        let mut members = vec![current];
+        for i in 0..self.route.targets.len() {
+            if i != at
+                && self.route.targets[i].group == Some(group)
+                && !self.is_excluded(i)
+                && matches!(self.availability(i, now, false), Availability::Ready | Availability::Cooling(_))
+            {
+                members.push(TargetId::at(i));
+            }
+        }
+        members
+    }
+
+    /// Whether target `i` takes requests now (neither benched, broken
+    /// nor held).
+    pub fn serving(&self, i: TargetId, now: Instant) -> bool {
+        matches!(
+            self.availability(i.index(), now, false),
+            Availability::Ready | Availability::Cooling(_) | Availability::Probe
+        )
+    }
+
+    /// Whether target `i`'s account has a slot free now.
+    pub fn has_room(&self, i: TargetId) -> bool {
+        self.room(i.index()) > 0
+    }
+
+    /// What the benched targets left for this request say: each one's
+    /// name, the class and answer that benched it, and its projected
+    /// reset — for the answer when nothing else is left.
+    pub fn benched(&self) -> Vec<(UpstreamId, crate::health::Benched)> {
+        let mut seen = Vec::new();
+        for t in &self.route.targets {
+            if let Some(u) = self.gw.upstreams.get(t.upstream)
+                && let Some(b) = u.health.benched()
+                && !seen.iter().any(|(id, _)| *id == t.upstream)
+            {
+                seen.push((t.upstream, b));
+            }
+        }
+        seen
     }
 
     /// Another target than `current` is still allowed for this request.

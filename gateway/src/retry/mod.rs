@@ -99,6 +99,13 @@ pub enum GiveUp {
         /// Until the first probe.
         wait: Duration,
     },
+    /// Every target left is benched (an answer said it cannot serve:
+    /// auth, entitlement, a wait of hours); `wait` is the time until the
+    /// first probe is due.
+    Benched {
+        /// Until the first probe.
+        wait: Duration,
+    },
     /// The next attempt cannot start before the deadline: `wait` is what a
     /// client should wait before trying again, and `source` who asked for
     /// it (never the provider unless it did).
@@ -124,6 +131,10 @@ pub enum GiveUp {
 /// never shortened.
 pub fn decide(s: &Situation<'_>) -> Decision {
     let outcome = s.outcome;
+    // A fatal rule: the request cannot succeed anywhere (no other target).
+    if outcome.rule.as_ref().is_some_and(|r| r.fatal) {
+        return Decision::GiveUp(GiveUp::NotRetryable);
+    }
     let rule = outcome.rule.as_ref().filter(|r| !r.fatal);
     match outcome.class {
         Class::Request => return Decision::GiveUp(GiveUp::NotRetryable),

@@ -16,6 +16,7 @@ fn outcome(class: Class) -> Outcome {
         summary: String::new(),
         rule: None,
         concurrency: false,
+        model_scoped: false,
     }
 }
 
@@ -41,6 +42,7 @@ fn rule(status: &[u16], body: &[&str], delay: Option<u64>, attempts: Option<u32>
         on_body_contains: body.iter().map(|s| s.to_string()).collect(),
         delay: delay.map(Duration::from_secs),
         max_attempts: attempts,
+        class: None,
     }
 }
 
@@ -129,7 +131,13 @@ fn operator_rules_match_by_status_and_body_and_bound_their_attempts() {
 fn rule_delay_and_attempts_drive_the_decision() {
     let p = Policy::default();
     let mut o = outcome(Class::Capacity);
-    o.rule = Some(RuleMatch { fatal: false, index: 0, delay: Some(Duration::from_secs(10)), max_attempts: Some(18) });
+    o.rule = Some(RuleMatch {
+        fatal: false,
+        index: 0,
+        delay: Some(Duration::from_secs(10)),
+        max_attempts: Some(18),
+        class: None,
+    });
     assert_eq!(
         decide(&situation(&o, &p, 1)),
         Decision::Retry { wait: Duration::from_secs(10), source: WaitSource::Rule }
@@ -138,7 +146,7 @@ fn rule_delay_and_attempts_drive_the_decision() {
     assert!(matches!(decide(&situation(&o, &p, 7)), Decision::Retry { .. }));
     assert_eq!(decide(&situation(&o, &p, 18)), Decision::GiveUp(GiveUp::Exhausted));
     // No delay in the rule ("invalid delay falls back"): backoff.
-    o.rule = Some(RuleMatch { fatal: false, index: 0, delay: None, max_attempts: Some(18) });
+    o.rule = Some(RuleMatch { fatal: false, index: 0, delay: None, max_attempts: Some(18), class: None });
     assert!(matches!(decide(&situation(&o, &p, 1)), Decision::Retry { source: WaitSource::Backoff, .. }));
     // A provider hint beats the rule's delay.
     o.hints.retry_after = Some(Duration::from_secs(2));
@@ -244,7 +252,13 @@ fn a_backoff_longer_than_the_time_left_is_clipped_to_one_last_attempt() {
     }
     // A rule's delay is the operator's: honoured, or the end.
     let mut ruled = outcome(Class::Capacity);
-    ruled.rule = Some(RuleMatch { fatal: false, index: 0, delay: Some(Duration::from_secs(10)), max_attempts: None });
+    ruled.rule = Some(RuleMatch {
+        fatal: false,
+        index: 0,
+        delay: Some(Duration::from_secs(10)),
+        max_attempts: None,
+        class: None,
+    });
     let s = Situation { remaining: Duration::from_secs(4), ..situation(&ruled, &p, 1) };
     assert_eq!(
         decide(&s),
@@ -313,4 +327,19 @@ fn other_targets_are_tried_before_waiting() {
     // Attempts count per target: 12 in all, 2 here, go on.
     let s = Situation { attempts: 12, target_attempts: 2, ..situation(&broken, &p, 12) };
     assert!(matches!(decide(&s), Decision::Retry { .. }));
+}
+
+#[test]
+fn a_fatal_rule_stops_everywhere_and_a_declared_entitlement_moves_on() {
+    let p = Policy::default();
+    let mut fatal = outcome(Class::Request);
+    fatal.rule = Some(RuleMatch { fatal: true, index: 0, delay: None, max_attempts: None, class: Some(Class::Auth) });
+    fatal.class = Class::Auth;
+    let s = Situation { other_target_ready: true, other_target_left: true, ..situation(&fatal, &p, 1) };
+    assert_eq!(decide(&s), Decision::GiveUp(GiveUp::NotRetryable), "no other target after a fatal rule");
+    let mut declared = outcome(Class::Entitlement);
+    declared.rule =
+        Some(RuleMatch { fatal: false, index: 0, delay: None, max_attempts: None, class: Some(Class::Entitlement) });
+    let s = Situation { other_target_ready: true, other_target_left: true, ..situation(&declared, &p, 1) };
+    assert_eq!(decide(&s), Decision::NextTarget, "this account cannot serve; another may");
 }

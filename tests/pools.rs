@@ -1,0 +1,170 @@
+//! Account pools: several credentials behind one upstream, each with its
+//! own learned cap and health; an account without a plan benched at its
+//! first answer and probed at growing intervals; a provider's wait of
+//! hours probed instead of refused for hours.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use tidegate_simulate::{AccountBehavior, Behavior, Fault, SimConfig, Simulator};
+
+const NO_PLAN: &str = r#"{"error_code":"TM.00001005","error_msg":"no active plan for this account"}"#;
+
+/// A simulator whose accounts `key-a` and `key-b` take 2 requests at once
+/// each (not configured in tidegate: learned), and `key-c` has no plan.
+fn pool_sim() -> Simulator {
+    let mut accounts = HashMap::new();
+    for key in ["key-a", "key-b"] {
+        accounts.insert(key.to_string(), AccountBehavior { max_in_flight: Some(2), ..Default::default() });
+    }
+    accounts
+        .insert("key-c".to_string(), AccountBehavior { refuse: Some(Fault::new(400, NO_PLAN)), ..Default::default() });
+    let config = SimConfig {
+        default: Behavior { latency_ms: 300, ..Default::default() },
+        record: true,
+        accounts,
+        ..Default::default()
+    };
+    Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
+}
+
+fn pool_config(listen: &str, sim: &Simulator, top: &str) -> String {
+    format!(
+        "listen: {listen}\njournal: \"off\"\nadmin_key: adm\n{top}\n\
+         defaults:\n  retry: {{ base_delay: 20ms, max_delay: 100ms }}\n\
+         upstreams:\n  - name: glm\n    protocol: openai\n    base_url: \"{}\"\n\
+         \x20   retry: [{{ on_body_contains: [TM.00001005], class: entitlement }}]\n\
+         \x20   accounts:\n      - {{ name: a, api_key: key-a }}\n      - {{ name: b, api_key: key-b }}\n      - {{ name: c, api_key: key-c }}\n\
+         models:\n  coder: {{ targets: [{{ upstream: glm }}] }}\n",
+        sim.openai_url()
+    )
+}
+
+async fn burst(base: &str, n: usize) -> Vec<u16> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let base = base.to_string();
+            tokio::spawn(async move {
+                let resp = client()
+                    .post(format!("{base}/v1/chat/completions"))
+                    .body(r#"{"model":"coder","messages":[{"role":"user","content":"hi"}]}"#)
+                    .send()
+                    .await
+                    .unwrap();
+                resp.status().as_u16()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_learns_each_accounts_cap_and_benches_the_one_without_a_plan() {
+    let sim = pool_sim();
+    let gw = gateway(&pool_config("127.0.0.1:0", &sim, "")).await;
+    let base = format!("http://{}", gw.addr);
+    let statuses = burst(&base, 12).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let (a, b, c) = (sim.state.account("key-a"), sim.state.account("key-b"), sim.state.account("key-c"));
+    assert_eq!(c.requests, 1, "the account without a plan is met by one request, not a crowd");
+    assert_eq!(a.requests + b.requests - a.over_cap - b.over_cap, 12, "{a:?} {b:?}");
+    // Learned: a second burst provokes no refusal on either account.
+    let statuses = burst(&base, 12).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let (a2, b2) = (sim.state.account("key-a"), sim.state.account("key-b"));
+    assert_eq!((a2.over_cap, b2.over_cap), (a.over_cap, b.over_cap), "refused again after learning its cap");
+    assert!(a2.requests > a.requests && b2.requests > b.requests, "both accounts serve: {a2:?} {b2:?}");
+    assert_eq!(sim.state.account("key-c").requests, 1, "benched: not asked again before its probe");
+    // The admin API names accounts, never their keys.
+    let admin = client().get(format!("{base}/admin/upstreams")).bearer_auth("adm").send().await.unwrap();
+    let text = admin.text().await.unwrap();
+    assert!(!text.contains("key-c") && !text.contains("key-a"), "{text}");
+    let admin: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let benched = admin["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == "glm/c").unwrap();
+    assert_eq!(benched["health"]["state"], "benched", "{benched}");
+    assert_eq!(benched["pool"], "glm");
+    // A minute on, one request probes it (and it is benched again, twice as long).
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert!(burst(&base, 4).await.iter().all(|s| *s == 200));
+    assert_eq!(sim.state.account("key-c").requests, 2, "one probe after the first interval");
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert!(burst(&base, 4).await.iter().all(|s| *s == 200));
+    assert_eq!(sim.state.account("key-c").requests, 2, "the interval doubled after a failed probe");
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_account_benched_answers_at_once_with_each_reason() {
+    let mut accounts = HashMap::new();
+    for key in ["key-a", "key-b"] {
+        accounts
+            .insert(key.to_string(), AccountBehavior { refuse: Some(Fault::new(400, NO_PLAN)), ..Default::default() });
+    }
+    let sim =
+        Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig { record: true, accounts, ..Default::default() })
+            .unwrap();
+    let config = pool_config("127.0.0.1:0", &sim, "").replace("      - { name: c, api_key: key-c }\n", "");
+    let gw = gateway(&config).await;
+    let base = format!("http://{}", gw.addr);
+    // The first request meets both accounts (one each) and gets the answer.
+    let first = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .body(r#"{"model":"coder","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status().as_u16(), 400);
+    assert!(first.text().await.unwrap().contains("TM.00001005"));
+    let started = tokio::time::Instant::now();
+    let resp = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .body(r#"{"model":"coder","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1), "benched accounts answer at once");
+    assert_eq!(resp.status().as_u16(), 502);
+    let retry_after: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((50..=60).contains(&retry_after), "until the first probe: {retry_after}");
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("glm/a") && text.contains("glm/b") && text.contains("TM.00001005"), "{text}");
+    assert!(text.contains("benched"), "{text}");
+    assert_eq!(sim.state.account("key-a").requests + sim.state.account("key-b").requests, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_of_hours_is_probed_instead_of_refusing_for_hours() {
+    let limit = r#"{"type":"error","error":{"type":"rate_limit_error","message":"session limit reached"}}"#;
+    let sim = sim(&[(
+        "claude",
+        Behavior { script: vec![Fault::new(429, limit).header("retry-after", "7200")], ..Default::default() },
+    )]);
+    let gw = gateway(&yaml(&sim, "", "", "")).await;
+    let ask = || async {
+        client()
+            .post(url(&gw, "/v1/messages"))
+            .body(r#"{"model":"claude","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    // The answer that asked for two hours: told at once.
+    assert_eq!(ask().await, 429);
+    // Within the first interval: answered at once without reaching it.
+    assert_eq!(ask().await, 429);
+    assert_eq!(sim.state.received().len(), 1);
+    // After it, one probe finds the provider serving again.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert_eq!(ask().await, 200);
+    assert_eq!(ask().await, 200);
+    assert_eq!(sim.state.received().len(), 3);
+}
