@@ -51,6 +51,7 @@ fn job(gw: &Arc<Gateway>, deadline: Duration) -> Job {
         lane: None,
         trace: None,
         pin: None,
+        session: None,
     }
 }
 

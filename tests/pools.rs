@@ -168,3 +168,65 @@ async fn a_wait_of_hours_is_probed_instead_of_refusing_for_hours() {
     assert_eq!(ask().await, 200);
     assert_eq!(sim.state.received().len(), 3);
 }
+
+/// Upstreams `u1` and `u2` on their own simulators, alias `coder`
+/// balanced over both.
+fn balanced(one: &Simulator, two: &Simulator, affinity: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\njournal: \"off\"\ndefaults:\n  retry: {{ base_delay: 20ms, max_delay: 100ms }}\n\
+         upstreams:\n  - {{ name: u1, protocol: openai, base_url: \"{}\" }}\n  - {{ name: u2, protocol: openai, base_url: \"{}\" }}\n\
+         models:\n  coder: {{ strategy: balance, targets: [{{ upstream: u1 }}, {{ upstream: u2 }}]{affinity} }}\n",
+        one.openai_url(),
+        two.openai_url()
+    )
+}
+
+/// One turn of `session`: the upstream that answered it.
+async fn turn(base: &str, session: &str) -> String {
+    let resp = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("x-tidegate-session", session)
+        .body(r#"{"model":"coder","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.headers()["x-tidegate-upstream"].to_str().unwrap().to_string()
+}
+
+#[tokio::test(start_paused = true)]
+async fn sessions_stay_on_their_own_targets_and_move_once_when_theirs_fails() {
+    let slow = Behavior { latency_ms: 200, ..Default::default() };
+    let (one, two) = (sim(&[("coder", slow.clone())]), sim(&[("coder", slow)]));
+    let gw = gateway(&balanced(&one, &two, "")).await;
+    let base = format!("http://{}", gw.addr);
+    // The first turns arrive together: balance spreads them.
+    let (a, b) = tokio::join!(turn(&base, "session-a"), turn(&base, "session-b"));
+    assert_ne!(a, b, "the first turns went to the same target");
+    // Later turns, one at a time (balance alone would send each to u1).
+    for _ in 0..5 {
+        assert_eq!(turn(&base, "session-a").await, a);
+        assert_eq!(turn(&base, "session-b").await, b);
+    }
+    // a's target starts answering 529: a moves once, and stays moved.
+    let (a_sim, b_sim) = if a == "u1" { (&one, &two) } else { (&two, &one) };
+    let overloaded = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+    a_sim.state.set_outage(Some(Fault::new(529, overloaded)));
+    let seen = a_sim.state.received().len();
+    assert_eq!(turn(&base, "session-a").await, b, "moved to the target that serves");
+    assert_eq!(a_sim.state.received().len(), seen + 1, "one refusal, then elsewhere");
+    a_sim.state.set_outage(None);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    for _ in 0..4 {
+        assert_eq!(turn(&base, "session-a").await, b, "stays where its cache now is");
+        assert_eq!(turn(&base, "session-b").await, b);
+    }
+    assert_eq!(a_sim.state.received().len(), seen + 1);
+    assert_eq!(b_sim.state.received().len(), 6 + 5 + 4, "b: 10 turns, a: 5 since it moved");
+    // With affinity off, the same sequential turns all go to the least loaded: u1.
+    let gw = gateway(&balanced(&one, &two, ", affinity: off")).await;
+    let base = format!("http://{}", gw.addr);
+    for session in ["session-a", "session-b", "session-a", "session-b"] {
+        assert_eq!(turn(&base, session).await, "u1");
+    }
+}

@@ -60,6 +60,9 @@ pub struct Gateway {
     pub tasks: TaskTracker,
     /// Which upstream stores each Responses API response.
     pub pins: Pins,
+    /// Which target (pool account) holds each conversation's prompt
+    /// cache: session affinity.
+    pub sessions: Pins,
     /// The conversations of the Responses answers tidegate made by
     /// translation (kept across reloads).
     pub kept: crate::kept::Store,
@@ -174,8 +177,10 @@ impl Gateway {
         let lanes = Lanes::new(&config, shared.as_ref(), same_lanes.map(|p| &p.lanes));
         let tasks = previous.map(|p| p.tasks.clone()).unwrap_or_default();
         let pins = Pins::new(config.response_pin_ttl, shared.clone(), names.clone(), tasks.clone());
+        let sessions = Pins::of_kind("session", config.affinity_ttl, shared.clone(), names.clone(), tasks.clone());
         if let Some(p) = previous {
             pins.carry(&p.pins);
+            sessions.carry(&p.sessions);
         }
         let kept = crate::kept::Store {
             local: previous.map(|p| p.kept.local.clone()).unwrap_or_default(),
@@ -191,6 +196,7 @@ impl Gateway {
             sink,
             tasks,
             pins,
+            sessions,
             kept,
             draining: AtomicBool::new(false),
             closing: previous.map(|p| p.closing.clone()).unwrap_or_default(),

@@ -18,6 +18,8 @@ pub const ATTEMPTS: HeaderName = HeaderName::from_static("x-tidegate-attempts");
 pub const DEADLINE: HeaderName = HeaderName::from_static("x-tidegate-deadline");
 /// From a client: `interactive` or `batch`.
 pub const PRIORITY: HeaderName = HeaderName::from_static("x-tidegate-priority");
+/// The client's conversation id for session affinity (`x-tidegate-session`).
+pub const SESSION: HeaderName = HeaderName::from_static("x-tidegate-session");
 /// On a translated answer: the client's protocol and the target's
 /// (`anthropic>openai-chat`).
 pub const TRANSLATED: HeaderName = HeaderName::from_static("x-tidegate-translated");

@@ -34,7 +34,8 @@
 //! attempts, verdicts, usage) everything below the relay shares; `report`
 //! finishes each request once (log line, `metrics`, `recent` buckets for
 //! the `/ui` dashboard, `journal` row); `pins` remembers which upstream
-//! stores a Responses API response; `anomaly` watches per-client volume;
+//! stores a Responses API response, and `affinity` which target holds a
+//! conversation's prompt cache; `anomaly` watches per-client volume;
 //! `request_id` makes the ids whose first half is the journal's row key.
 //!
 //! The fake provider is not here: the `tidegate-simulate` crate
@@ -44,6 +45,7 @@
 
 #![warn(missing_docs)]
 
+pub mod affinity;
 pub mod anomaly;
 pub mod classify;
 pub mod config;

@@ -119,6 +119,19 @@ pub fn route<'a>(
             Some(lane) => lane.who(asked, record.started),
             None => gw.lanes.anonymous(asked.unwrap_or_default()),
         };
+        // A conversation over several targets goes back where its prompt
+        // is cached (a request pinned to stored state goes there anyway).
+        let session = match (&pin, model.affinity && model.targets.len() > 1) {
+            (None, true) => match crate::affinity::session_key(&headers, &body, record.client.as_deref()) {
+                Some(key) => {
+                    let bound = gw.sessions.find(&key).await;
+                    let moving_cost = crate::affinity::moving_cost(body.len());
+                    Some(Arc::new(crate::affinity::Session { key, bound, moving_cost }))
+                }
+                None => None,
+            },
+            _ => None,
+        };
         Ok(Routed::Relay(Job {
             gw: gw.clone(),
             endpoint,
@@ -133,6 +146,7 @@ pub fn route<'a>(
             lane,
             trace,
             pin,
+            session,
         }))
     }
 }

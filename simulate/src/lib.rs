@@ -348,12 +348,22 @@ pub struct SimState {
     tokens: Mutex<HashMap<String, tokio::time::Instant>>,
     /// Tokens granted by `/token` so far.
     pub token_grants: AtomicUsize,
+    /// Every request is answered with this from now on (tests start and
+    /// end an outage mid-run with [`SimState::set_outage`]).
+    outage: Mutex<Option<Fault>>,
 }
 
 impl SimState {
     /// The most requests to `model` that were in flight at once.
     pub fn max_in_flight_of(&self, model: &str) -> usize {
         self.per_model.lock().map_or(0, |m| m.get(model).map_or(0, |(_, max)| *max))
+    }
+
+    /// Answers every request with `fault` from now on (`None`: serve again).
+    pub fn set_outage(&self, fault: Option<Fault>) {
+        if let Ok(mut outage) = self.outage.lock() {
+            *outage = fault;
+        }
     }
 
     /// What the account of provider key `key` saw so far.
@@ -670,6 +680,10 @@ async fn serve_named(
             );
             return respond(StatusCode::BAD_REQUEST, "application/json", Body::from(error));
         }
+    }
+    if let Some(fault) = state.outage.lock().ok().and_then(|o| o.clone()) {
+        flight.finish();
+        return deliver(protocol, head.stream, &fault);
     }
     let behavior = state.config.models.get(&head.model).unwrap_or(&state.config.default);
     if behavior.fail_rate > 0.0 {

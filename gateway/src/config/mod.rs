@@ -76,6 +76,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// How long a stored response stays pinned to its upstream.
     pub response_pin_ttl: Duration,
+    /// How long a session stays bound to the target that last answered it.
+    pub affinity_ttl: Duration,
     /// Journal file; `None` when journaling is off.
     pub journal: Option<PathBuf>,
     /// Journal retention.
@@ -227,6 +229,9 @@ pub struct ModelRoute {
     pub stream_resume: bool,
     /// How targets are chosen.
     pub strategy: Strategy,
+    /// Keep each conversation on the target (account) that holds its
+    /// prompt cache (`affinity: session`).
+    pub affinity: bool,
 }
 
 /// How an alias picks among its targets.

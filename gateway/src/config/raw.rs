@@ -69,6 +69,10 @@ pub struct RawConfig {
     /// response (for `previous_response_id`).
     #[serde(default)]
     pub response_pin_ttl: Option<String>,
+    /// How long a conversation stays bound to the account that last
+    /// answered it (session affinity).
+    #[serde(default)]
+    pub affinity_ttl: Option<String>,
     /// Keys clients must present; empty means no client auth (loopback only).
     #[serde(default)]
     pub client_keys: Vec<RawClientKey>,
@@ -439,6 +443,10 @@ pub struct RawModel {
     /// `failover` (in order) or `balance` (least loaded).
     #[serde(default)]
     pub strategy: Option<String>,
+    /// `session` (the default: keep a conversation on the account that
+    /// holds its prompt cache) or `off`.
+    #[serde(default)]
+    pub affinity: Option<String>,
 }
 
 /// One `{upstream, model}` pair.

@@ -197,6 +197,7 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
     }
     let response_pin_ttl =
         duration("response_pin_ttl", &raw.response_pin_ttl, Duration::from_secs(30 * 24 * 3600), problems);
+    let affinity_ttl = duration("affinity_ttl", &raw.affinity_ttl, Duration::from_secs(3600), problems);
     let shutdown_grace = duration("shutdown_grace", &raw.shutdown_grace, Duration::from_secs(30), problems);
     let listen = listen?;
     if upstreams.len() != expected {
@@ -213,6 +214,7 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
         state,
         state_lease_ttl,
         response_pin_ttl,
+        affinity_ttl,
         shutdown_grace,
         journal: match raw.journal.as_deref() {
             Some("off") | Some("") => None,
@@ -548,8 +550,17 @@ fn models(
                 Strategy::Failover
             }
         };
+        let affinity = match model.affinity.as_deref() {
+            None | Some("session") => true,
+            Some("off") => false,
+            Some(other) => {
+                problems.push(format!("models.{alias}.affinity: {other:?} is not one of session, off"));
+                true
+            }
+        };
         if !targets.is_empty() {
-            out.insert(alias.clone(), ModelRoute { targets, deadline, stream_resume: model.stream_resume, strategy });
+            let stream_resume = model.stream_resume;
+            out.insert(alias.clone(), ModelRoute { targets, deadline, stream_resume, strategy, affinity });
         }
     }
     out

@@ -328,6 +328,14 @@ impl Limiter {
         }
     }
 
+    /// How long a new request would wait for a slot here, from the rate
+    /// slots free (`None` before two have): the queue ahead of it and
+    /// itself, at the drain rate.
+    pub fn expected_wait(&self) -> Option<Duration> {
+        let q = self.queue.lock().ok()?;
+        (q.drain_per_sec > 0.0).then(|| Duration::from_secs_f64((q.fair.len() + 1) as f64 / q.drain_per_sec))
+    }
+
     /// Requests of client `name` waiting here.
     pub fn waiting_of(&self, name: &str) -> usize {
         self.queue.lock().map_or(0, |q| q.fair.waiting_of(name))

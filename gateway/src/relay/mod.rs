@@ -94,6 +94,9 @@ pub struct Job {
     /// The upstream that stores the state this request continues
     /// (`previous_response_id`): the only one it may go to.
     pub pin: Option<UpstreamId>,
+    /// Its conversation and the target that holds its prompt cache, when
+    /// the alias keeps sessions where they were (`affinity: session`).
+    pub session: Option<Arc<crate::affinity::Session>>,
 }
 
 /// The client's answer and how it came about.
@@ -199,7 +202,7 @@ async fn attempts(job: &Job) -> Relayed {
     };
     let mut run = Run {
         job,
-        targets: Targets::new(&job.gw, route, job.endpoint, job.pin),
+        targets: Targets::new(&job.gw, route, job.endpoint, job.pin, job.session.as_deref()),
         started: Instant::now(),
         attempts: Vec::new(),
         queue_wait: Duration::ZERO,
@@ -427,7 +430,8 @@ impl<'a> Run<'a> {
     ) -> Result<(TargetId, Permit, u32, Instant), Relayed> {
         let gw = &self.job.gw;
         self.job.progress.attempt(self.targets.upstream(ti));
-        let members = if self.targets.has_room(ti) { vec![ti] } else { self.targets.pool_of(ti, now) };
+        let alone = self.targets.has_room(ti) || self.targets.staying(ti);
+        let members = if alone { vec![ti] } else { self.targets.pool_of(ti, now) };
         let (who, deadline) = (&self.job.who, self.job.deadline);
         let acquired = if let [only] = members[..] {
             let limiter = &gw.upstreams[self.targets.upstream(only)].limiter;
@@ -500,6 +504,10 @@ impl<'a> Run<'a> {
         upstream.limiter.on_success();
         upstream.health.on_success();
         let index = self.targets.upstream(ti);
+        if let Some(session) = &self.job.session {
+            // The conversation's prompt is cached here now (renewed).
+            self.job.gw.sessions.remember(session.key.clone(), index);
+        }
         self.attempts.push(AttemptLog { protocol: self.via, ..AttemptLog::ok(index) });
         let dropped = back.and_then(|b| b.dropped.clone());
         match &mut answer {

@@ -75,13 +75,26 @@ pub struct Targets<'a> {
     endpoint: Endpoint,
     /// Bodies translated so far, by target (none for the same protocol).
     translated: Vec<(usize, Translated)>,
+    /// The target holding this conversation's prompt cache (affinity),
+    /// until it fails for this request.
+    bound: Option<usize>,
+    /// What moving the conversation elsewhere costs (see `affinity`).
+    moving_cost: std::time::Duration,
+    /// The pick chose to wait for the bound target's next free slot.
+    stay: bool,
 }
 
 impl<'a> Targets<'a> {
     /// The route's targets that serve `endpoint`, none tried yet; with
     /// `pin`, only those on that upstream (it stores the state the request
     /// continues).
-    pub fn new(gw: &'a Gateway, route: &'a ModelRoute, endpoint: Endpoint, pin: Option<UpstreamId>) -> Self {
+    pub fn new(
+        gw: &'a Gateway,
+        route: &'a ModelRoute,
+        endpoint: Endpoint,
+        pin: Option<UpstreamId>,
+        session: Option<&crate::affinity::Session>,
+    ) -> Self {
         let mut excluded = 0u64;
         for (i, t) in route.targets.iter().enumerate() {
             let serves = gw.upstreams.get(t.upstream).is_some_and(|u| u.way(endpoint, t.translate).is_some());
@@ -89,7 +102,22 @@ impl<'a> Targets<'a> {
                 excluded |= 1 << i;
             }
         }
-        Self { gw, route, excluded, used: 0, tried: Vec::new(), endpoint, translated: Vec::new() }
+        let bound = session
+            .and_then(|s| s.bound)
+            .and_then(|b| route.targets.iter().position(|t| t.upstream == b))
+            .filter(|b| excluded & (1 << b) == 0);
+        Self {
+            gw,
+            route,
+            excluded,
+            used: 0,
+            tried: Vec::new(),
+            endpoint,
+            translated: Vec::new(),
+            bound,
+            moving_cost: session.map_or(std::time::Duration::ZERO, |s| s.moving_cost),
+            stay: false,
+        }
     }
 
     /// How target `i` is reached.
@@ -168,8 +196,58 @@ impl<'a> Targets<'a> {
     }
 
     /// Chooses the target for the next attempt (claiming a half-open probe
-    /// if that is what it picks).
-    pub fn pick(&self, now: Instant) -> Pick {
+    /// if that is what it picks): the conversation's bound target first
+    /// while it serves (see [`crate::affinity`]).
+    pub fn pick(&mut self, now: Instant) -> Pick {
+        self.stay = false;
+        // A pool's benched account whose probe is due gets it first: one
+        // request finds out whether it serves again (and moves on at once
+        // if not), so capacity comes back without waiting for others to
+        // fill — before any binding, or a busy pool would never probe.
+        for i in 0..self.route.targets.len() {
+            if self.route.targets[i].group.is_some()
+                && !self.is_excluded(i)
+                && self.availability(i, now, false) == Availability::Probe
+                && self.availability(i, now, true) == Availability::Probe
+            {
+                return Pick::Use(TargetId::at(i));
+            }
+        }
+        if let Some(b) = self.bound
+            && !self.is_excluded(b)
+            && let Some(stay) = self.stay_on(b, now)
+        {
+            self.stay = stay;
+            return Pick::Use(TargetId::at(b));
+        }
+        self.pick_any(now)
+    }
+
+    /// Whether the conversation goes to its bound target `b` now: `Some`
+    /// (waiting for its next slot when `true`) or `None` to move on — when
+    /// it is benched, broken or held, or busy for longer than moving costs
+    /// (its expected wait from its queue's drain rate; unknown: move).
+    fn stay_on(&self, b: usize, now: Instant) -> Option<bool> {
+        match self.availability(b, now, false) {
+            Availability::Ready | Availability::Cooling(_) if self.room(b) > 0 => Some(false),
+            Availability::Ready | Availability::Cooling(_) => {
+                let u = self.gw.upstreams.get(self.route.targets[b].upstream)?;
+                let wait = u.limiter.expected_wait()?;
+                (wait <= self.moving_cost).then_some(true)
+            }
+            Availability::Probe => (self.availability(b, now, true) == Availability::Probe).then_some(false),
+            Availability::Held(_) | Availability::Open(_) => None,
+        }
+    }
+
+    /// Whether the request waits for target `i`'s own next slot (the
+    /// bound account, see [`Targets::pick`]) rather than any account's.
+    pub fn staying(&self, i: TargetId) -> bool {
+        self.stay && self.bound == Some(i.index())
+    }
+
+    /// [`Targets::pick`] without a binding.
+    fn pick_any(&self, now: Instant) -> Pick {
         // The common case, one target: no ordering to compute.
         if self.route.targets.len() == 1 {
             return match (self.is_excluded(0), self.availability(0, now, true)) {
@@ -192,17 +270,6 @@ impl<'a> Targets<'a> {
         let sooner = |kept: Option<(Instant, usize)>, until: Instant, i: usize| {
             kept.filter(|(k, _)| *k <= until).or(Some((until, i)))
         };
-        // A pool's benched account whose probe is due gets it first: one
-        // request finds out whether it serves again (and moves on at once
-        // if not), so capacity comes back without waiting for others to fill.
-        for &i in &order {
-            if self.route.targets[i].group.is_some()
-                && self.availability(i, now, false) == Availability::Probe
-                && self.availability(i, now, true) == Availability::Probe
-            {
-                return Pick::Use(TargetId::at(i));
-            }
-        }
         for &i in &order {
             match self.availability(i, now, false) {
                 Availability::Ready | Availability::Probe => {
@@ -340,6 +407,11 @@ impl<'a> Targets<'a> {
     /// Records a failed attempt on target `i`.
     pub fn failed(&mut self, i: TargetId, class: Class, last: &str) {
         let i = i.index();
+        if self.bound == Some(i) {
+            // Failed here: the conversation moves for the rest of this
+            // request (and is bound where it is answered).
+            self.bound = None;
+        }
         let upstream = self.route.targets[i].upstream;
         match self.tried.iter_mut().find(|t| t.upstream == upstream) {
             Some(t) => {
