@@ -230,3 +230,75 @@ async fn sessions_stay_on_their_own_targets_and_move_once_when_theirs_fails() {
         assert_eq!(turn(&base, session).await, "u1");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_share_each_accounts_learned_cap_and_bench() {
+    let redis = Redis::start();
+    let sim = pool_sim();
+    let top = format!("state: {}\nstate_lease_ttl: 2s", redis.url());
+    let a = gateway(&pool_config("127.0.0.1:0", &sim, &top)).await;
+    let a_base = format!("http://{}", a.addr);
+    let b = Process::spawn(|addr, _| pool_config(addr, &sim, &top));
+    let b_base = b.base();
+    // Both replicas up and sharing.
+    for base in [&a_base, &b_base] {
+        let mut shared = false;
+        for _ in 0..100 {
+            let resp = client().get(format!("{base}/admin/upstreams")).bearer_auth("adm").send().await;
+            if let Ok(resp) = resp
+                && let Ok(v) = resp.json::<serde_json::Value>().await
+                && v["upstreams"][0]["shared"] == true
+            {
+                shared = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(shared, "{base} is not sharing state");
+    }
+    let (one, two) = tokio::join!(burst(&a_base, 6), burst(&b_base, 6));
+    assert!(one.iter().chain(&two).all(|s| *s == 200), "{one:?} {two:?}");
+    let c = sim.state.account("key-c");
+    assert!(c.requests <= 2, "the account without a plan: once per replica at most, got {}", c.requests);
+    // Learned across replicas: two more bursts on both provoke no refusal.
+    let (a1, b1) = (sim.state.account("key-a"), sim.state.account("key-b"));
+    for _ in 0..2 {
+        let (one, two) = tokio::join!(burst(&a_base, 6), burst(&b_base, 6));
+        assert!(one.iter().chain(&two).all(|s| *s == 200), "{one:?} {two:?}");
+    }
+    let (a3, b3) = (sim.state.account("key-a"), sim.state.account("key-b"));
+    assert_eq!((a3.over_cap, b3.over_cap), (a1.over_cap, b1.over_cap), "refused after learning: {a3:?} {b3:?}");
+    assert!(a3.max_in_flight <= 2 && b3.max_in_flight <= 2);
+    assert_eq!(sim.state.account("key-c").requests, c.requests, "benched on both replicas");
+}
+
+#[tokio::test]
+async fn the_simulator_caches_prompts_per_account() {
+    let config = SimConfig {
+        prompt_cache: Some(tidegate_simulate::PromptCache { ttl_ms: 60_000, uncached_ms_per_1k_tokens: 0 }),
+        ..Default::default()
+    };
+    let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap();
+    let ask = |key: &'static str, body: String| {
+        let url = format!("{}/chat/completions", sim.openai_url());
+        async move {
+            let v: serde_json::Value =
+                client().post(url).bearer_auth(key).body(body).send().await.unwrap().json().await.unwrap();
+            (
+                v["usage"]["prompt_tokens"].as_u64().unwrap(),
+                v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+            )
+        }
+    };
+    let system = format!(r#"{{"role":"system","content":"{}"}}"#, "x".repeat(4000));
+    let turn1 = format!(r#"{{"model":"m","messages":[{system},{{"role":"user","content":"a"}}]}}"#);
+    let turn2 = format!(
+        r#"{{"model":"m","messages":[{system},{{"role":"user","content":"a"}},{{"role":"assistant","content":"b"}},{{"role":"user","content":"c"}}]}}"#
+    );
+    let (total1, cached1) = ask("k1", turn1.clone()).await;
+    assert_eq!(cached1, 0, "nothing cached at first");
+    let (total2, cached2) = ask("k1", turn2.clone()).await;
+    assert!(total2 > total1 && cached2 == total1, "turn 2 reads turn 1 cached: {total1} {total2} {cached2}");
+    let (_, other) = ask("k2", turn2).await;
+    assert_eq!(other, 0, "another account has nothing cached");
+}

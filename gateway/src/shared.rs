@@ -167,16 +167,13 @@ const MAX_TURNS: u32 = 10_000;
 /// slow read fails the read, not the store.
 const KEPT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Lower the shared limit to the leases the others still hold when a
-/// concurrency refusal comes back (what the provider accepted; floor 1),
-/// and remember that level as the ceiling of growth for ARGV[2] ms.
+/// Lower the shared limit, when a concurrency refusal comes back, to the
+/// leases held when the refused request took its own, minus its own (what
+/// the provider accepted; floor 1): ARGV[3]. That level is remembered as
+/// the ceiling of growth for ARGV[2] ms (only ever lowered meanwhile).
 const LOWER: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local held = redis.call('ZCARD', KEYS[1])
 local limit = tonumber(redis.call('GET', KEYS[2]) or ARGV[1])
-local lowered = math.max(1, held)
+local lowered = math.max(1, tonumber(ARGV[3]))
 local ceiling = tonumber(redis.call('GET', KEYS[3]) or ARGV[1])
 redis.call('SET', KEYS[3], tostring(math.min(ceiling, lowered)), 'PX', ARGV[2])
 if lowered < limit then
@@ -381,9 +378,18 @@ pub struct SharedError(String);
 pub struct SharedLease {
     spot: Spot,
     renewer: JoinHandle<()>,
+    /// Leases held across replicas when this one was taken, itself
+    /// included: a concurrency refusal of its request says the provider
+    /// accepts fewer (see [`SharedState::lower`]).
+    held: u32,
 }
 
 impl SharedLease {
+    /// Leases held across replicas when it was taken, itself included.
+    pub fn held(&self) -> u32 {
+        self.held
+    }
+
     /// Gives the lease back now and waits until Redis has it (dropping the
     /// lease does the same in the background).
     pub async fn give_back(mut self) {
@@ -568,15 +574,21 @@ impl SharedState {
             let mut inv = self.scripts.acquire.prepare_invoke();
             inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.limit);
             inv.arg(&spot.id).arg(self.ttl.as_millis() as u64).arg(cap);
-            let Some((taken, limit_now, _held)) = self.call::<(u8, u32, u32)>(inv).await else {
+            // From the moment the script may run, this id may be a waiter
+            // or hold a lease: dropped before its answer is read (a pool's
+            // request that another account served first), it must leave
+            // Redis at once, not when its TTL runs out — a lease left
+            // behind counts against the limit and inflates every level
+            // learned meanwhile. (The release follows the script on the
+            // same connection; removing an id Redis never added is a no-op.)
+            spot.armed = true;
+            let Some((taken, limit_now, held)) = self.call::<(u8, u32, u32)>(inv).await else {
+                spot.armed = false;
                 return SharedSlot::Unavailable;
             };
-            // Registered as a waiter or holding a lease: either way it must
-            // leave Redis when dropped.
-            spot.armed = true;
             if taken == 1 {
                 let renewer = tokio::spawn(renew(Arc::downgrade(self), keys.clone(), spot.id.clone(), self.ttl));
-                return SharedSlot::Leased(SharedLease { spot, renewer }, limit_now);
+                return SharedSlot::Leased(SharedLease { spot, renewer, held }, limit_now);
             }
             tokio::select! {
                 _ = notified => {}
@@ -621,11 +633,11 @@ impl SharedState {
 
     /// "Concurrency limit" seen: the shared limit drops to ×0.75 of the
     /// leases all replicas hold. Returns the new limit.
-    pub async fn lower(&self, upstream: &str, cap: u32) -> Option<f64> {
+    pub async fn lower(&self, upstream: &str, cap: u32, accepted: u32) -> Option<f64> {
         let keys = self.upstreams.get(upstream)?;
         let mut inv = self.scripts.lower.prepare_invoke();
         let memory = crate::limits::ADAPTIVE_MEMORY.as_millis() as u64;
-        inv.key(&keys.leases).key(&keys.limit).key(&keys.ceiling).arg(cap).arg(memory);
+        inv.key(&keys.leases).key(&keys.limit).key(&keys.ceiling).arg(cap).arg(memory).arg(accepted);
         self.call::<String>(inv).await.and_then(|s| s.parse().ok())
     }
 

@@ -217,6 +217,23 @@ pub struct SimConfig {
     /// Per provider key (bearer, `x-api-key` or `x-goog-api-key`): what
     /// that account allows, for pools of accounts behind one base URL.
     pub accounts: HashMap<String, AccountBehavior>,
+    /// A prompt cache per account (provider key): a chat or messages
+    /// request whose leading messages (system prompt included) the same
+    /// account saw within `ttl_ms` reads them cached, reported in the JSON
+    /// answer's usage (`prompt_tokens_details.cached_tokens`,
+    /// `cache_read_input_tokens`); off when absent.
+    pub prompt_cache: Option<PromptCache>,
+}
+
+/// How the simulator's prompt cache behaves (see [`SimConfig::prompt_cache`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PromptCache {
+    /// How long a prefix stays cached after it was last read.
+    pub ttl_ms: u64,
+    /// Time added to an answer per 1,000 prompt tokens read uncached (a
+    /// prompt is about 4 bytes a token); cached tokens cost a tenth.
+    pub uncached_ms_per_1k_tokens: u64,
 }
 
 /// What one account (provider key) of the simulator allows.
@@ -351,6 +368,75 @@ pub struct SimState {
     /// Every request is answered with this from now on (tests start and
     /// end an outage mid-run with [`SimState::set_outage`]).
     outage: Mutex<Option<Fault>>,
+    /// Per account: cached prompt prefixes (by hash) and when they expire.
+    cache: Mutex<HashMap<String, HashMap<u64, tokio::time::Instant>>>,
+    /// Prompt tokens read so far, and how many of them cached.
+    pub prompt_tokens: AtomicUsize,
+    /// Of [`SimState::prompt_tokens`], the cached ones.
+    pub cached_tokens: AtomicUsize,
+}
+
+/// A prompt's size and what of it an account had cached.
+#[derive(Debug, Clone, Copy, Default)]
+struct PromptRead {
+    tokens: usize,
+    cached: usize,
+}
+
+impl SimState {
+    /// Reads a request's prompt through `account`'s cache: its leading
+    /// messages seen within the TTL are cached; every prefix is cached
+    /// (again) after. `None` without a prompt cache or a message list.
+    fn read_prompt(&self, account: &str, body: &[u8]) -> Option<PromptRead> {
+        use std::hash::{Hash, Hasher};
+        let config = self.config.prompt_cache.as_ref()?;
+        let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let mut segments: Vec<String> = Vec::new();
+        if let Some(system) = v.get("system") {
+            segments.push(system.to_string());
+        }
+        for m in v.get("messages")?.as_array()? {
+            segments.push(m.to_string());
+        }
+        let now = tokio::time::Instant::now();
+        let ttl = Duration::from_millis(config.ttl_ms);
+        let mut cache = self.cache.lock().ok()?;
+        let seen = cache.entry(account.to_owned()).or_default();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        let (mut read, mut prefix_cached) = (PromptRead::default(), true);
+        for segment in &segments {
+            segment.hash(&mut hasher);
+            let h = hasher.finish();
+            let tokens = segment.len().div_ceil(4);
+            read.tokens += tokens;
+            prefix_cached &= seen.get(&h).is_some_and(|until| *until > now);
+            if prefix_cached {
+                read.cached += tokens;
+            }
+            seen.insert(h, now + ttl);
+        }
+        self.prompt_tokens.fetch_add(read.tokens, Ordering::Relaxed);
+        self.cached_tokens.fetch_add(read.cached, Ordering::Relaxed);
+        Some(read)
+    }
+}
+
+/// Writes what a prompt read into a JSON answer's usage, in the
+/// protocol's words.
+fn with_usage(protocol: Protocol, answer: String, read: PromptRead) -> String {
+    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&answer) else { return answer };
+    let Some(usage) = v.get_mut("usage").and_then(|u| u.as_object_mut()) else { return answer };
+    match protocol {
+        Protocol::Anthropic => {
+            usage.insert("input_tokens".into(), (read.tokens - read.cached).into());
+            usage.insert("cache_read_input_tokens".into(), read.cached.into());
+        }
+        _ => {
+            usage.insert("prompt_tokens".into(), read.tokens.into());
+            usage.insert("prompt_tokens_details".into(), serde_json::json!({ "cached_tokens": read.cached }));
+        }
+    }
+    v.to_string()
 }
 
 impl SimState {
@@ -610,7 +696,7 @@ fn provider_key(headers: &HeaderMap) -> Option<String> {
 async fn arrive(state: &Arc<SimState>, req: Request) -> (Flight, http::request::Parts, Bytes) {
     let mut flight = Flight::new(state.clone());
     let (parts, body) = req.into_parts();
-    if !state.config.accounts.is_empty() {
+    if !state.config.accounts.is_empty() || state.config.prompt_cache.is_some() {
         flight.key = provider_key(&parts.headers);
     }
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
@@ -721,8 +807,22 @@ async fn serve_named(
         }
         Err(_) => 0,
     };
-    if behavior.latency_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(behavior.latency_ms)).await;
+    let prompt = match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Messages => {
+            state.read_prompt(flight.key.as_deref().unwrap_or_default(), &body)
+        }
+        _ => None,
+    };
+    let prefill = match (prompt, &state.config.prompt_cache) {
+        (Some(read), Some(cache)) => {
+            let cost = (read.tokens - read.cached) as u64 * 10 + read.cached as u64;
+            Duration::from_micros(cost * cache.uncached_ms_per_1k_tokens / 10)
+        }
+        _ => Duration::ZERO,
+    };
+    let latency = Duration::from_millis(behavior.latency_ms) + prefill;
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
     }
     let mut drop_after = behavior.drop_after;
     let mut error_after: Option<(usize, &str)> = None;
@@ -796,6 +896,10 @@ async fn serve_named(
     let answer = match &turn {
         Some(turn) => turns::answer(protocol, &head.model, behavior.chunks, turn),
         None => json_answer(endpoint, id, &head.model, behavior.chunks),
+    };
+    let answer = match prompt {
+        Some(read) => with_usage(protocol, answer, read),
+        None => answer,
     };
     respond(StatusCode::OK, "application/json", Body::from(answer))
 }

@@ -163,6 +163,9 @@ pub struct Permit {
     tokens: u64,
     /// Counted in [`Limiter::unleased`] until dropped.
     unleased: bool,
+    /// Its attempt was refused for concurrency (see
+    /// [`Permit::refused_for_concurrency`]).
+    concurrency_refused: bool,
 }
 
 impl Permit {
@@ -190,8 +193,32 @@ impl Permit {
     }
 }
 
+impl Permit {
+    /// Its attempt was refused with "concurrency limit": when it drops,
+    /// its shared lease is given back and the shared limit lowered to the
+    /// leases held when it took its own, minus its own (what the provider
+    /// accepted), as the local limit is.
+    pub fn refused_for_concurrency(&mut self) {
+        self.concurrency_refused = true;
+    }
+}
+
 impl Drop for Permit {
     fn drop(&mut self) {
+        if self.concurrency_refused
+            && self.limiter.config.adaptive
+            && let (Some(lease), Some(shared)) = (self.shared.take(), &self.limiter.shared)
+        {
+            let (state, upstream, cap) = (shared.state.clone(), shared.upstream.clone(), self.limiter.cap() as u32);
+            let me = self.limiter.me.clone();
+            let accepted = lease.held().saturating_sub(1);
+            self.limiter.tasks.spawn(async move {
+                lease.give_back().await;
+                if let (Some(limit), Some(me)) = (state.lower(&upstream, cap, accepted).await, me.upgrade()) {
+                    me.set_shared_limit(limit);
+                }
+            });
+        }
         if self.unleased {
             self.limiter.unleased.fetch_sub(1, Ordering::AcqRel);
         }
@@ -468,7 +495,14 @@ impl Limiter {
                 && let Some(lease) = self.slots.try_take(self.effective_limit())
             {
                 hold.keep();
-                return Ok(Permit { limiter: self.clone(), lease: Some(lease), shared: None, tokens, unleased: false });
+                return Ok(Permit {
+                    limiter: self.clone(),
+                    lease: Some(lease),
+                    shared: None,
+                    tokens,
+                    unleased: false,
+                    concurrency_refused: false,
+                });
             }
             if q.fair.len() >= self.config.max_queue {
                 return Err(Refused::QueueFull { queued: q.fair.len(), retry_after: q.retry_after() });
@@ -503,17 +537,8 @@ impl Limiter {
         if !self.config.adaptive {
             return;
         }
-        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up()) {
-            // Every replica's leases count: the shared limit drops to ×0.75
-            // of what all of them hold.
-            let (state, upstream, cap) = (shared.state.clone(), shared.upstream.clone(), self.cap() as u32);
-            let me = self.me.clone();
-            self.tasks.spawn(async move {
-                if let (Some(limit), Some(me)) = (state.lower(&upstream, cap).await, me.upgrade()) {
-                    me.set_shared_limit(limit);
-                }
-            });
-        }
+        // The shared limit is lowered when the refused attempt's permit
+        // drops (see [`Permit::refused_for_concurrency`]).
         let now = Instant::now();
         if let Ok(mut refused) = self.refused.lock() {
             let level = match *refused {
@@ -638,7 +663,14 @@ impl Limiter {
                 self.slots.give_back(lease);
                 break;
             };
-            let permit = Permit { limiter, lease: Some(lease), shared: None, tokens: 0, unleased: false };
+            let permit = Permit {
+                limiter,
+                lease: Some(lease),
+                shared: None,
+                tokens: 0,
+                unleased: false,
+                concurrency_refused: false,
+            };
             if let Err(mut unsent) = waiter.tx.send(permit) {
                 // The waiter left: take the slot back without re-entering.
                 if let Some(lease) = unsent.lease.take() {

@@ -247,6 +247,9 @@ async fn attempts(job: &Job) -> Relayed {
         // A refused attempt generated nothing: its token estimate comes
         // back whole (a retried request reserves again for its next try).
         permit.settle(0);
+        if outcome.class == Class::Capacity && outcome.concurrency {
+            permit.refused_for_concurrency();
+        }
         drop(permit);
         run.feed_back(ti, &outcome, held);
         let decision = run.decide(ti, &outcome);
