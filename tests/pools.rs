@@ -91,6 +91,11 @@ async fn a_pool_learns_each_accounts_cap_and_benches_the_one_without_a_plan() {
     let benched = admin["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == "glm/c").unwrap();
     assert_eq!(benched["health"]["state"], "benched", "{benched}");
     assert_eq!(benched["pool"], "glm");
+    // The metrics too: per account by name.
+    let metrics =
+        client().get(format!("{base}/metrics")).bearer_auth("adm").send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("upstream=\"glm/a\"") && metrics.contains("upstream=\"glm/b\""), "{metrics}");
+    assert!(!metrics.contains("key-a") && !metrics.contains("key-c"));
     // A minute on, one request probes it (and it is benched again, twice as long).
     tokio::time::advance(Duration::from_secs(61)).await;
     assert!(burst(&base, 4).await.iter().all(|s| *s == 200));

@@ -113,6 +113,8 @@ pub const BENCH_LONGEST: Duration = Duration::from_secs(3600);
 /// Why an upstream is benched, and until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Bench {
+    /// When the answer that benched it (or its last failed probe) came.
+    since: Instant,
     /// No request before this (then one probe).
     until: Instant,
     /// The interval that led here (doubles on each failed probe).
@@ -279,6 +281,7 @@ impl Health {
             jiff::Timestamp::now().checked_add(hint).ok()
         });
         s.bench = Some(Bench {
+            since: now,
             until: now + next,
             period,
             claimed: None,
@@ -286,6 +289,12 @@ impl Health {
             reason: failure.summary.to_owned(),
             reset,
         });
+    }
+
+    /// Whether it was benched after `t` (a request that chose it at `t`
+    /// and waited for a slot learns that it should go elsewhere).
+    pub fn benched_after(&self, t: Instant) -> bool {
+        self.state.lock().ok().and_then(|s| s.bench.as_ref().map(|b| b.since > t)).unwrap_or(false)
     }
 
     /// Why this upstream is benched, if it is.

@@ -226,10 +226,18 @@ async fn attempts(job: &Job) -> Relayed {
             }
         };
         // In a pool, the account that gave the slot.
+        let picked = now;
         let (ti, mut permit, held, now) = match run.acquire(ti, tokens, now).await {
             Ok(acquired) => acquired,
             Err(stop) => return stop,
         };
+        // Benched while this request waited for its slot (the request
+        // ahead met "no plan"): the slot goes back, the pick again.
+        if run.targets.benched_after(ti, picked) {
+            permit.settle(0);
+            drop(permit);
+            continue;
+        }
         let back = sent.back.clone();
         run.via = back.as_ref().map(|b| b.target.name());
         let (outcome, buffered) = match run.send(ti, now, sent).await {
@@ -250,8 +258,10 @@ async fn attempts(job: &Job) -> Relayed {
         if outcome.class == Class::Capacity && outcome.concurrency {
             permit.refused_for_concurrency();
         }
-        drop(permit);
+        // What the answer says of the upstream first (a bench, a lowered
+        // limit), then the slot: a request waiting for it sees the news.
         run.feed_back(ti, &outcome, held);
+        drop(permit);
         let decision = run.decide(ti, &outcome);
         run.log(ti, &outcome, &decision);
         match decision {

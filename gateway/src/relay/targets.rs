@@ -333,6 +333,12 @@ impl<'a> Targets<'a> {
         )
     }
 
+    /// Whether target `i` was benched after `t` (see
+    /// [`crate::health::Health::benched_after`]).
+    pub fn benched_after(&self, i: TargetId, t: Instant) -> bool {
+        self.gw.upstreams.get(self.route.targets[i.index()].upstream).is_some_and(|u| u.health.benched_after(t))
+    }
+
     /// Whether target `i`'s account has a slot free now.
     pub fn has_room(&self, i: TargetId) -> bool {
         self.room(i.index()) > 0

@@ -57,6 +57,8 @@ function healthText(h) {
       return `breaker open, probe in ${ms(h.for_ms)}`;
     case "half_open":
       return "half-open (one probe)";
+    case "benched":
+      return `benched (${h.reason || "cannot serve"}), probe in ${ms(h.for_ms)}`;
     default:
       return "ok";
   }
