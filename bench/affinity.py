@@ -117,14 +117,20 @@ def ideal_share(all_usage):
     return cached / total
 
 
-def sessions_run(affinity):
-    run.write("sim.yaml", sim_config(100))
+def start(latency_ms, affinity):
+    """The simulator (CPU 1) and tidegate (CPU 0), both listening."""
+    run.write("sim.yaml", sim_config(latency_ms))
     run.write("gw.yaml", gw_config(affinity))
     sim = run.start([run.BIN, "simulate", "--listen", f"127.0.0.1:{SIM}", "--config",
                      os.path.join(run.TMP, "sim.yaml")], 1, log="sim.log")
     run.wait_port(SIM)
     gw = run.start([run.BIN, "serve", "--config", os.path.join(run.TMP, "gw.yaml")], 0, log="gw.log")
     run.wait_port(GW)
+    return sim, gw
+
+
+def sessions_run(affinity):
+    sim, gw = start(100, affinity)
     try:
         started = time.monotonic()
         all_usage = parallel(session, list(range(SESSIONS)))
@@ -145,13 +151,7 @@ def stats():
 
 
 def fan_out():
-    run.write("sim.yaml", sim_config(500))
-    run.write("gw.yaml", gw_config("session"))
-    sim = run.start([run.BIN, "simulate", "--listen", f"127.0.0.1:{SIM}", "--config",
-                     os.path.join(run.TMP, "sim.yaml")], 1, log="sim.log")
-    run.wait_port(SIM)
-    gw = run.start([run.BIN, "serve", "--config", os.path.join(run.TMP, "gw.yaml")], 0, log="gw.log")
-    run.wait_port(GW)
+    sim, gw = start(500, "session")
     try:
         def one(i):
             post({"model": "coder", "messages": [{"role": "user", "content": f"request {i}"}]}, {})

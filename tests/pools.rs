@@ -44,19 +44,21 @@ fn pool_config(listen: &str, sim: &Simulator, top: &str) -> String {
     )
 }
 
+/// One request to alias `coder`.
+async fn ask_coder(base: &str) -> reqwest::Response {
+    client()
+        .post(format!("{base}/v1/chat/completions"))
+        .body(r#"{"model":"coder","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn burst(base: &str, n: usize) -> Vec<u16> {
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let base = base.to_string();
-            tokio::spawn(async move {
-                let resp = client()
-                    .post(format!("{base}/v1/chat/completions"))
-                    .body(r#"{"model":"coder","messages":[{"role":"user","content":"hi"}]}"#)
-                    .send()
-                    .await
-                    .unwrap();
-                resp.status().as_u16()
-            })
+            tokio::spawn(async move { ask_coder(&base).await.status().as_u16() })
         })
         .collect();
     let mut statuses = Vec::new();
@@ -119,21 +121,11 @@ async fn every_account_benched_answers_at_once_with_each_reason() {
     let gw = gateway(&config).await;
     let base = format!("http://{}", gw.addr);
     // The first request meets both accounts (one each) and gets the answer.
-    let first = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .body(r#"{"model":"coder","messages":[{"role":"user","content":"hi"}]}"#)
-        .send()
-        .await
-        .unwrap();
+    let first = ask_coder(&base).await;
     assert_eq!(first.status().as_u16(), 400);
     assert!(first.text().await.unwrap().contains("TM.00001005"));
     let started = tokio::time::Instant::now();
-    let resp = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .body(r#"{"model":"coder","messages":[{"role":"user","content":"hi"}]}"#)
-        .send()
-        .await
-        .unwrap();
+    let resp = ask_coder(&base).await;
     assert!(started.elapsed() < Duration::from_secs(1), "benched accounts answer at once");
     assert_eq!(resp.status().as_u16(), 502);
     let retry_after: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
