@@ -16,8 +16,9 @@
 //! - **rpm/tpm** are the same GCRA as `limits::gcra`, one timestamp per
 //!   bucket in Redis.
 //! - **Adaptive limits** live in one key per upstream: "concurrency limit"
-//!   lowers it to ×0.75 of the leases held by all replicas, successes grow
-//!   it back by 1/limit.
+//!   lowers it to the leases held when the refused request took its own,
+//!   minus its own; successes grow it back by 1/limit, below that level
+//!   for the learned limit's memory.
 //! - **Cooldowns and open breakers** are published to the other replicas
 //!   (and kept in keys that expire with them, read when a replica joins),
 //!   so one replica's `429 Retry-After: 5` makes the others hold off too.
@@ -631,12 +632,13 @@ impl SharedState {
         let _ = self.call::<i64>(inv).await;
     }
 
-    /// "Concurrency limit" seen: the shared limit drops to ×0.75 of the
-    /// leases all replicas hold. Returns the new limit.
-    pub async fn lower(&self, upstream: &str, cap: u32, accepted: u32) -> Option<f64> {
+    /// "Concurrency limit" seen: the shared limit drops to `accepted` (the
+    /// leases held when the refused request took its own, minus its own),
+    /// and growth stays below it for `memory`. Returns the new limit.
+    pub async fn lower(&self, upstream: &str, cap: u32, accepted: u32, memory: Duration) -> Option<f64> {
         let keys = self.upstreams.get(upstream)?;
         let mut inv = self.scripts.lower.prepare_invoke();
-        let memory = crate::limits::ADAPTIVE_MEMORY.as_millis() as u64;
+        let memory = memory.as_millis() as u64;
         inv.key(&keys.leases).key(&keys.limit).key(&keys.ceiling).arg(cap).arg(memory).arg(accepted);
         self.call::<String>(inv).await.and_then(|s| s.parse().ok())
     }

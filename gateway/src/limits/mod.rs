@@ -214,7 +214,9 @@ impl Drop for Permit {
             let accepted = lease.held().saturating_sub(1);
             self.limiter.tasks.spawn(async move {
                 lease.give_back().await;
-                if let (Some(limit), Some(me)) = (state.lower(&upstream, cap, accepted).await, me.upgrade()) {
+                if let (Some(limit), Some(me)) =
+                    (state.lower(&upstream, cap, accepted, ADAPTIVE_MEMORY).await, me.upgrade())
+                {
                     me.set_shared_limit(limit);
                 }
             });
