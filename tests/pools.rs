@@ -299,3 +299,34 @@ async fn the_simulator_caches_prompts_per_account() {
     let (_, other) = ask("k2", turn2).await;
     assert_eq!(other, 0, "another account has nothing cached");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_binding_is_shared_between_replicas() {
+    let redis = Redis::start();
+    let slow = Behavior { latency_ms: 200, ..Default::default() };
+    let (one, two) = (sim(&[("coder", slow.clone())]), sim(&[("coder", slow)]));
+    let config = |listen: &str| {
+        balanced(&one, &two, "").replace("listen: 127.0.0.1:0", &format!("listen: {listen}\nstate: {}", redis.url()))
+    };
+    let a = gateway(&config("127.0.0.1:0")).await;
+    let a_base = format!("http://{}", a.addr);
+    let b = Process::spawn(|addr, _| config(addr));
+    let b_base = b.base();
+    for _ in 0..100 {
+        if client().get(format!("{b_base}/healthz")).send().await.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Two sessions at once on replica A: one of them is bound to u2.
+    let (first, second) = tokio::join!(turn(&a_base, "shared-a"), turn(&a_base, "shared-b"));
+    let on_u2 = if first == "u2" { "shared-a" } else { "shared-b" };
+    assert!(first == "u2" || second == "u2", "{first} {second}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Replica B, asked one at a time, would send a new conversation to u1;
+    // this one it sends where replica A left it.
+    assert_eq!(turn(&b_base, "a-new-one").await, "u1");
+    for _ in 0..3 {
+        assert_eq!(turn(&b_base, on_u2).await, "u2", "replica B did not see the binding");
+    }
+}
