@@ -9,6 +9,10 @@ use axum::body::Body;
 use axum::response::Response;
 use http::{HeaderValue, StatusCode, header};
 
+use std::time::Duration;
+
+use crate::classify::Class;
+use crate::client::{Advice, Client};
 use crate::protocol::{ErrorKind, Protocol};
 
 /// A failure answered by tidegate itself.
@@ -47,7 +51,10 @@ pub enum GatewayError {
         message: String,
         /// When coming back may help.
         retry_after: Option<std::time::Duration>,
-        /// Add `x-should-retry: false` so SDKs do not retry on top.
+        /// When the provider projects its limit to clear, if it said.
+        reset: Option<jiff::Timestamp>,
+        /// Tell a client told to stop not to retry (`x-should-retry:
+        /// false`, `defaults.retry.stop_client_retries`).
         stop_client_retries: bool,
     },
     /// The upstream's queue is full: shed at once.
@@ -81,6 +88,11 @@ pub enum GatewayError {
     /// A known path with a method it does not serve.
     #[error("method not allowed: {0}")]
     WrongMethod(String),
+    /// A WebSocket upgrade (Codex's Responses transport): tidegate serves
+    /// HTTP only, and `426` is the answer Codex falls back on silently
+    /// (a `405` makes it print a warning every session).
+    #[error("{0} is served over HTTP only (no WebSocket transport); send the request as an HTTP POST")]
+    NoWebSocket(String),
     /// The gateway is shutting down: requests go elsewhere.
     #[error("this tidegate is shutting down; send the request again (to another replica)")]
     ShuttingDown,
@@ -112,6 +124,9 @@ impl GatewayError {
             GatewayError::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, ErrorKind::Timeout, None),
             GatewayError::Forbidden(_) => (StatusCode::FORBIDDEN, ErrorKind::Authentication, Some("forbidden")),
             GatewayError::WrongMethod(_) => (StatusCode::METHOD_NOT_ALLOWED, ErrorKind::InvalidRequest, None),
+            GatewayError::NoWebSocket(_) => {
+                (StatusCode::UPGRADE_REQUIRED, ErrorKind::InvalidRequest, Some("websocket_not_served"))
+            }
         }
     }
 
@@ -130,6 +145,7 @@ impl GatewayError {
             GatewayError::BodyTimeout { .. } => "body_timeout",
             GatewayError::Forbidden(_) => "foreign_origin",
             GatewayError::WrongMethod(_) => "wrong_method",
+            GatewayError::NoWebSocket(_) => "websocket",
             GatewayError::ShuttingDown => "shutting_down",
         }
     }
@@ -165,14 +181,62 @@ impl GatewayError {
         self.status_kind().0
     }
 
-    /// Renders the error in the client's protocol.
+    /// Renders the error in the client's protocol, for an SDK (see
+    /// [`GatewayError::into_response_for`]).
     pub fn into_response(self, protocol: Protocol) -> Response {
-        let (status, kind, code) = self.status_kind();
-        let message = format!("tidegate: {self}");
-        let body = match protocol {
-            // Google's clients read when to come back from the body.
-            Protocol::Gemini => {
-                crate::protocol::gemini::answer_error(status.as_u16(), kind, &message, code, self.retry_after())
+        self.into_response_for(protocol, Client::Sdk)
+    }
+
+    /// What tidegate's give-up answer tells `client`: come back after a
+    /// wait it sits out, or stop. `None` for answers that are not a
+    /// give-up.
+    pub fn advice(&self, client: Client) -> Option<Advice> {
+        match self {
+            GatewayError::GaveUp { class, retry_after, reset, .. } => {
+                Some(client.advice(*class, wait_until(*retry_after, *reset)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Renders the error in the client's protocol, with the retry signals
+    /// that make `client`'s own retry loop do what tidegate means (the
+    /// table is in [`crate::client`] and the README).
+    pub fn into_response_for(self, protocol: Protocol, client: Client) -> Response {
+        let (mut status, mut kind, code) = self.status_kind();
+        let advice = self.advice(client);
+        let mut message = format!("tidegate: {self}");
+        if client == Client::Opencode && matches!(advice, Some(Advice::Stop(_))) {
+            message = crate::client::without_retry_words(&message);
+        }
+        if let (Some(Advice::Stop(wait)), GatewayError::GaveUp { class, .. }) = (advice, &self) {
+            (status, kind) = stop_status(client, *class, wait, status, kind);
+        }
+        // Google's clients read when to come back from the body; so does
+        // Gemini CLI, which stops on a RetryInfo over 300 s.
+        let gemini_wait = match advice {
+            Some(Advice::ComeBack(wait)) => Some(wait),
+            Some(Advice::Stop(wait)) if status == StatusCode::TOO_MANY_REQUESTS => wait,
+            Some(Advice::Stop(_)) => None,
+            None => self.retry_after(),
+        };
+        let body = match (protocol, advice, &self) {
+            (Protocol::Gemini, ..) => {
+                crate::protocol::gemini::answer_error(status.as_u16(), kind, &message, code, gemini_wait)
+            }
+            // Codex names a limit and its reset to the user only for this
+            // error type, and stops on it (every other 429 it retries).
+            (
+                Protocol::OpenAiResponses | Protocol::OpenAiChat,
+                Some(Advice::Stop(wait)),
+                GatewayError::GaveUp { reset, .. },
+            ) if client == Client::Codex && status == StatusCode::TOO_MANY_REQUESTS => {
+                let resets_at = reset.or_else(|| wait.and_then(|w| jiff::Timestamp::now().checked_add(w).ok()));
+                let mut error = serde_json::json!({"type": "usage_limit_reached", "code": "usage_limit_reached", "message": message});
+                if let Some(at) = resets_at {
+                    error["resets_at"] = serde_json::Value::from(at.as_second());
+                }
+                axum::body::Bytes::from(serde_json::json!({ "error": error }).to_string())
             }
             _ => protocol.error_body(kind, &message, code),
         };
@@ -181,7 +245,7 @@ impl GatewayError {
         let headers = resp.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let GatewayError::QueueFull { retry_after, .. } | GatewayError::ClientLimit { retry_after, .. } = &self {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
+            come_back(headers, *retry_after, client);
         }
         if matches!(self, GatewayError::TooLarge { .. } | GatewayError::BodyTimeout { .. }) {
             // What is left of the body is not read: this connection ends.
@@ -190,16 +254,80 @@ impl GatewayError {
         if let GatewayError::ShuttingDown = &self {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if let GatewayError::GaveUp { retry_after, stop_client_retries, .. } = &self {
-            if let Some(wait) = retry_after {
-                // Whole seconds, rounded up: never tell a client to come back early.
-                let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-            }
-            if *stop_client_retries {
-                headers.insert("x-should-retry", HeaderValue::from_static("false"));
+        if let GatewayError::GaveUp { stop_client_retries, .. } = &self {
+            match advice {
+                Some(Advice::ComeBack(wait)) => come_back(headers, wait, client),
+                Some(Advice::Stop(wait)) => {
+                    if let Some(wait) = stop_retry_after(client, wait) {
+                        headers.insert(header::RETRY_AFTER, HeaderValue::from(whole_seconds(wait)));
+                    }
+                    if *stop_client_retries {
+                        headers.insert("x-should-retry", HeaderValue::from_static("false"));
+                    }
+                }
+                None => {}
             }
         }
         resp
+    }
+}
+
+/// The longer of a wait and the time to a projected reset.
+fn wait_until(retry_after: Option<Duration>, reset: Option<jiff::Timestamp>) -> Option<Duration> {
+    let to_reset = reset.and_then(|at| Duration::try_from(at.duration_since(jiff::Timestamp::now())).ok());
+    match (retry_after, to_reset) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Whole seconds, rounded up (never tell a client to come back early), at
+/// least one.
+fn whole_seconds(wait: Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
+}
+
+/// "Come back after `wait`": `Retry-After`, the SDKs' `retry-after-ms`,
+/// and `x-should-retry: true` (an SDK then retries even a status it would
+/// not, and waits as told).
+fn come_back(headers: &mut http::HeaderMap, wait: Duration, client: Client) {
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(whole_seconds(wait.min(client.waits_up_to()))));
+    headers.insert("retry-after-ms", HeaderValue::from(wait.as_millis().max(1) as u64));
+    headers.insert("x-should-retry", HeaderValue::from_static("true"));
+}
+
+/// The `Retry-After` of a stop, where it helps: the SDKs read
+/// `x-should-retry` first and show the real wait; Claude Code stops only
+/// on a `Retry-After` over 60 s; Codex and Qwen Code would sleep it out
+/// (hours), opencode ignores it, Gemini CLI reads the body.
+fn stop_retry_after(client: Client, wait: Option<Duration>) -> Option<Duration> {
+    match client {
+        Client::Sdk => wait,
+        Client::ClaudeCode => Some(wait.unwrap_or_default().max(client.waits_up_to() + Duration::from_secs(1))),
+        Client::Codex | Client::QwenCode | Client::Opencode | Client::GeminiCli => None,
+    }
+}
+
+/// The status and kind of a stop: the truthful one where the client stops
+/// on it, else the one status its retry loop does not retry.
+fn stop_status(
+    client: Client,
+    class: Class,
+    wait: Option<Duration>,
+    status: StatusCode,
+    kind: ErrorKind,
+) -> (StatusCode, ErrorKind) {
+    let limit = class == Class::Capacity;
+    match client {
+        Client::Sdk | Client::ClaudeCode => (status, kind),
+        // `usage_limit_reached` (a 429) for a limit; Codex retries every
+        // other status but 400, whose body it prints.
+        Client::Codex if limit => (StatusCode::TOO_MANY_REQUESTS, ErrorKind::RateLimit),
+        Client::Codex => (StatusCode::BAD_REQUEST, kind),
+        // A RetryInfo over 300 s stops it; so does any 4xx but 429.
+        Client::GeminiCli if limit && wait.is_some() => (StatusCode::TOO_MANY_REQUESTS, ErrorKind::RateLimit),
+        // They retry every 429 and 5xx whatever the headers say (GitHub's
+        // API answers a spent limit 403 too).
+        Client::GeminiCli | Client::Opencode | Client::QwenCode => (StatusCode::FORBIDDEN, ErrorKind::Permission),
     }
 }

@@ -217,6 +217,12 @@ impl Lane {
         &self.name
     }
 
+    /// The key's default deadline (`client_keys[].deadline`, else
+    /// `client_defaults.deadline`), if either is set.
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        self.config.deadline
+    }
+
     /// Who a request of this key is: its weight, and the priority it asked
     /// for (`None`: the key's), never above the key's own nor, during a
     /// penalty, above the penalty's.

@@ -48,6 +48,7 @@
 pub mod affinity;
 pub mod anomaly;
 pub mod classify;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod exchange;

@@ -67,6 +67,9 @@ pub struct Report {
     pub counted_only: bool,
     /// Its trace, when `otel` is configured.
     pub trace: Option<Arc<crate::otel::TraceCtx>>,
+    /// The client program, when recognised: whose retry contract
+    /// tidegate's final answer speaks.
+    pub agent: crate::client::Client,
 }
 
 /// Where a finished report goes: the journal and the metrics.
@@ -144,6 +147,7 @@ impl Report {
             dropped: None,
             counted_only: false,
             trace: None,
+            agent: crate::client::Client::Sdk,
         }
     }
 

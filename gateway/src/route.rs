@@ -85,7 +85,14 @@ pub fn route<'a>(
                 kinds.join(", ")
             )));
         }
-        let deadline = deadline(model.deadline, &headers, record.started)?;
+        // The key's own deadline (an agent's minutes, a chat app's
+        // seconds) over the alias's.
+        let lane = record.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
+        let base = match &lane {
+            Some(lane) => lane.deadline(),
+            None => gw.config.client_deadline,
+        };
+        let deadline = deadline(base.unwrap_or(model.deadline), &headers, record.started)?;
         let pin = match &head.previous_response_id {
             Some(id) => pinned(gw, id, model).await?,
             None => None,
@@ -108,7 +115,6 @@ pub fn route<'a>(
                 ))
             })?),
         };
-        let lane = record.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
         let trace = gw
             .sink
             .tracer

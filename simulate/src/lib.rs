@@ -86,6 +86,12 @@ pub struct Behavior {
     /// Answers for the first requests to this model, in order; once used
     /// up, the behaviour above applies.
     pub script: Vec<Fault>,
+    /// Refuse every request to this model with `busy_with` for this long
+    /// after its first request (a provider at capacity for a while).
+    pub busy_for_ms: Option<u64>,
+    /// The refusal while busy (default: `429` "model concurrency limit
+    /// exceeded", code 3009, no `Retry-After`).
+    pub busy_with: Option<Fault>,
 }
 
 /// How a scripted fault is delivered.
@@ -185,6 +191,8 @@ impl Default for Behavior {
             fail_with: None,
             stamp: false,
             script: Vec::new(),
+            busy_for_ms: None,
+            busy_with: None,
         }
     }
 }
@@ -368,6 +376,10 @@ pub struct SimState {
     /// Every request is answered with this from now on (tests start and
     /// end an outage mid-run with [`SimState::set_outage`]).
     outage: Mutex<Option<Fault>>,
+    /// When each model was first asked for (for `busy_for_ms`).
+    first_asked: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Requests per model, refused ones included (`/sim/stats`'s `asked`).
+    asked: Mutex<HashMap<String, usize>>,
     /// Per account: cached prompt prefixes (by hash) and when they expire.
     cache: Mutex<HashMap<String, HashMap<u64, tokio::time::Instant>>>,
     /// Prompt tokens read so far, and how many of them cached.
@@ -538,7 +550,8 @@ impl Simulator {
 
 /// `GET /sim/stats`: per model, requests in flight now and the most seen
 /// at once (since start, or since the last `?reset=1`, which starts the
-/// count again from those in flight), and the totals: what a soak outside
+/// count again from those in flight), requests per model refused ones
+/// included (`asked`), and the totals: what a soak outside
 /// the process reads to check that no cap was ever exceeded.
 async fn stats(
     State(state): State<Arc<SimState>>,
@@ -554,8 +567,10 @@ async fn stats(
             }
         }
     }
+    let asked = state.asked.lock().map(|a| serde_json::json!(*a)).unwrap_or_default();
     axum::Json(serde_json::json!({
         "models": models,
+        "asked": asked,
         "completed": state.completed.load(Ordering::Relaxed),
         "cancelled": state.cancelled.load(Ordering::Relaxed),
         "rejected": state.rejected.load(Ordering::Relaxed),
@@ -771,7 +786,19 @@ async fn serve_named(
         flight.finish();
         return deliver(protocol, head.stream, &fault);
     }
+    if let Ok(mut asked) = state.asked.lock() {
+        *asked.entry(head.model.clone()).or_default() += 1;
+    }
     let behavior = state.config.models.get(&head.model).unwrap_or(&state.config.default);
+    if let Some(busy) = behavior.busy_for_ms {
+        let now = tokio::time::Instant::now();
+        let first = state.first_asked.lock().map_or(now, |mut m| *m.entry(head.model.clone()).or_insert(now));
+        if now.duration_since(first) < Duration::from_millis(busy) {
+            state.rejected.fetch_add(1, Ordering::SeqCst);
+            flight.finish();
+            return deliver(protocol, head.stream, behavior.busy_with.as_ref().unwrap_or(&CONCURRENCY_3009));
+        }
+    }
     if behavior.fail_rate > 0.0 {
         let roll = state
             .rng

@@ -31,13 +31,18 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sdk"))
 from procs import free_port, wait_healthy, wait_port  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import contracts  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AGENTS = os.path.join(ROOT, "target", "agents")
-PACKAGES = ["@openai/codex@0.171.0", "@anthropic-ai/claude-code@2.1.332", "@google/gemini-cli@0.61.0"]
+PACKAGES = ["@openai/codex@0.171.0", "@anthropic-ai/claude-code@2.1.332", "@google/gemini-cli@0.61.0",
+            "opencode-ai@1.18.33", "@qwen-code/qwen-code@0.24.4"]
+AGENT_BINS = ("codex", "claude", "gemini", "opencode", "qwen")
 
 
 def install():
-    bins = [os.path.join(AGENTS, "node_modules", ".bin", b) for b in ("codex", "claude", "gemini")]
+    bins = [os.path.join(AGENTS, "node_modules", ".bin", b) for b in AGENT_BINS]
     if not all(os.path.exists(b) for b in bins):
         os.makedirs(AGENTS, exist_ok=True)
         subprocess.run(["npm", "install", "--prefix", AGENTS, "--no-audit", "--no-fund", "--silent", *PACKAGES],
@@ -80,7 +85,8 @@ def run(cmd, env, timeout=180):
 
 def main():
     binary = os.path.abspath(sys.argv[1])
-    codex, claude, gemini = install()
+    bins = install()
+    codex, claude, gemini = bins[:3]
     tmp = tempfile.mkdtemp(prefix="tidegate-agents-")
     sim_port, gw_port, cloud_port = free_port(), free_port(), free_port()
     chat_port, chat_gw_port = free_port(), free_port()
@@ -197,6 +203,8 @@ def main():
         rc, out = gemini_run("gemini-claude", f"http://127.0.0.1:{gem_claude_port}", "gemini-2.5-pro")
         results.append(("gemini -p through tidegate to a Claude model (translated, a tool call included) finishes",
                          rc == 0 and "tok0" in out, out))
+        results += contracts.check(binary, bins, tmp, logs, agent_env, run, codex_config, claude_env,
+                                   readme_gemini_settings)
     finally:
         for p in (gem_claude, gem_gw, gem_sim, chat_gw, chat_sim, cloud, gw, sim):
             p.terminate()

@@ -199,20 +199,27 @@ def run_checks(base):
         except openai.AuthenticationError as e:
             assert "tidegate" in e.message, e.message
 
-    def openai_gives_up_once_not_twice():
-        # tidegate retries inside the 1 s deadline, then answers 429 with
-        # x-should-retry: false: an SDK allowed 3 retries must not add any.
-        sdk = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEY, max_retries=3, timeout=20)
-        started = time.time()
+    def openai_comes_back_when_told_and_not_before():
+        # tidegate retries inside the 1 s deadline, then answers 429 "come
+        # back" (x-should-retry: true, retry-after-ms): an SDK allowed one
+        # retry sends exactly one more request, no sooner than told.
+        import httpx
+        sent, answered = [], []
+        hooks = {"request": [lambda r: sent.append(time.time())],
+                 "response": [lambda r: answered.append((time.time(), r.headers.get("retry-after-ms")))]}
+        sdk = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEY, max_retries=1, timeout=20,
+                            http_client=httpx.Client(event_hooks=hooks))
         try:
             sdk.chat.completions.create(model="busy", messages=msgs)
             raise AssertionError("no exception")
         except openai.RateLimitError as e:
             assert "tidegate" in e.message and "3009" in e.message, e.message
-            assert e.response.headers.get("x-should-retry") == "false"
+            assert e.response.headers.get("x-should-retry") == "true"
             assert int(e.response.headers["retry-after"]) >= 1
-        took = time.time() - started
-        assert took < 2.5, f"the SDK retried on top of tidegate ({took:.1f}s)"
+        assert len(sent) == 2, f"{len(sent)} requests: the SDK did not come back exactly once"
+        told = int(answered[0][1]) / 1000
+        waited = sent[1] - answered[0][0]
+        assert told >= 1 and waited >= told - 0.05, f"told {told:.2f}s, came back after {waited:.2f}s"
 
     def openai_mid_stream_failure_raises():
         seen = []
@@ -483,7 +490,7 @@ def run_checks(base):
 
     checks = [gemini_generate, gemini_stream, gemini_capacity_absorbed, gemini_daily_quota_answered_at_once,
               gemini_typed_errors, gemini_sdk_to_claude_target_with_a_tool,
-              openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_gives_up_once_not_twice,
+              openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_comes_back_when_told_and_not_before,
               openai_mid_stream_failure_raises, openai_keepalive_comments_parse,
               responses_non_stream, responses_stream, responses_capacity_absorbed, responses_typed_errors,
               responses_mid_stream_failure_raises,

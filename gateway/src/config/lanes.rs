@@ -61,12 +61,27 @@ pub struct LaneConfig {
     pub priority: Priority,
     /// Limits per model alias, by the alias's index in `models`.
     pub models: Vec<(crate::ids::RouteId, LaneLimits)>,
+    /// The key's default deadline (its own, else `client_defaults`'):
+    /// replaces the alias's; a request's `x-tidegate-deadline` may only
+    /// shorten it.
+    pub deadline: Option<Duration>,
 }
 
 impl Default for LaneConfig {
     fn default() -> Self {
-        Self { limits: LaneLimits::default(), weight: 1, priority: Priority::Interactive, models: Vec::new() }
+        Self {
+            limits: LaneLimits::default(),
+            weight: 1,
+            priority: Priority::Interactive,
+            models: Vec::new(),
+            deadline: None,
+        }
     }
+}
+
+/// An optional deadline field, checked.
+fn deadline(path: &str, raw: &Option<String>, problems: &mut Vec<String>) -> Option<Duration> {
+    raw.as_ref().map(|_| super::fields::duration(path, raw, Duration::from_secs(120), problems))
 }
 
 /// What a flagged flood does to its key while the penalty lasts.
@@ -126,6 +141,7 @@ pub fn defaults(raw: &RawClientDefaults, problems: &mut Vec<String>) -> LaneConf
         priority: priority("client_defaults.priority", raw.priority.as_deref(), problems)
             .unwrap_or(Priority::Interactive),
         models: Vec::new(),
+        deadline: deadline("client_defaults.deadline", &raw.deadline, problems),
     }
 }
 
@@ -157,6 +173,7 @@ pub fn lane(
         weight: weight(&format!("{at}.weight"), raw.weight, problems).unwrap_or(defaults.weight),
         priority: priority(&format!("{at}.priority"), raw.priority.as_deref(), problems).unwrap_or(defaults.priority),
         models,
+        deadline: deadline(&format!("{at}.deadline"), &raw.deadline, problems).or(defaults.deadline),
     }
 }
 

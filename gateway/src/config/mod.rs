@@ -57,6 +57,9 @@ pub struct Config {
     pub max_stream_event: usize,
     /// Accepted client keys; empty disables client auth (loopback only).
     pub client_keys: Vec<ClientKey>,
+    /// `client_defaults.deadline`: the default deadline of requests
+    /// without a client key (keys carry theirs in their lane).
+    pub client_deadline: Option<Duration>,
     /// Share of contended slots batch requests get while interactive ones
     /// wait too.
     pub batch_share: f64,

@@ -210,6 +210,10 @@ pub struct RawClientKey {
     /// Limits of this key per model alias (the key as written in `models`).
     #[serde(default)]
     pub models: IndexMap<String, RawLaneLimits>,
+    /// Default deadline of this key's requests (an agent waits minutes,
+    /// a chat app seconds); replaces the alias's.
+    #[serde(default)]
+    pub deadline: Option<String>,
 }
 
 /// Limits applied to every client key that does not set its own.
@@ -238,6 +242,10 @@ pub struct RawClientDefaults {
     /// Priority of a key.
     #[serde(default)]
     pub priority: Option<String>,
+    /// Default deadline of a key's requests (and of requests without a
+    /// key) that sets none of its own.
+    #[serde(default)]
+    pub deadline: Option<String>,
 }
 
 /// A key's limits for one model alias.

@@ -225,6 +225,7 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
         keep_partial: raw.keep_partial.unwrap_or(true),
         anomaly,
         client_keys,
+        client_deadline: lane_defaults.deadline,
         batch_share,
         anomaly_action,
         otel,

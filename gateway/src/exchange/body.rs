@@ -114,7 +114,7 @@ impl Waiting {
                 State::Relaying { body, exchange }
             }
             other => {
-                let (event, class, message) = other.error_event(protocol);
+                let (event, class, message) = other.error_event_for(protocol, exchange.report.agent);
                 exchange.report.class = class;
                 exchange.report.error = Some(message);
                 exchange.finish(Outcome::Failed);

@@ -144,7 +144,7 @@ impl Exchange {
                 if let Answer::Gateway(error) = &other {
                     self.report.error = Some(error.to_string());
                 }
-                let mut response = other.into_response(protocol);
+                let mut response = other.into_response_for(protocol, self.report.agent);
                 self.report.status = response.status().as_u16();
                 headers::label(response.headers_mut(), id, self.sink.name(upstream), attempts);
                 self.finish(outcome);
@@ -184,9 +184,9 @@ impl Exchange {
             self.report.counted_only = !self.sink.refused(error.reason());
         }
         let close = matches!(error, GatewayError::ShuttingDown);
-        let id = self.report.id;
+        let (id, agent) = (self.report.id, self.report.agent);
         self.finish(Outcome::Rejected);
-        let mut response = error.into_response(protocol);
+        let mut response = error.into_response_for(protocol, agent);
         headers::label(response.headers_mut(), id, None, 0);
         if close {
             // Shutting down: no keep-alive, so the client goes to another

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::StatusCode;
 
 use crate::classify::{Class, Outcome};
+use crate::client::{Advice, Client};
 use crate::error::GatewayError;
 use crate::headers::strip_hop_by_hop;
 use crate::health::Benched;
@@ -52,9 +53,75 @@ impl Answer {
         }
     }
 
+    /// [`Answer::into_response`] with tidegate's own answer in the words
+    /// of `client`'s retry contract ([`GatewayError::into_response_for`]).
+    ///
+    /// A coding agent is not handed the provider's own answer about the
+    /// account (auth, entitlement) either: a provider's `401` makes Claude
+    /// Code retry and blame its own key, a `403` or `429 insufficient_quota`
+    /// makes Codex, opencode and Qwen Code retry (for ever, for some). It
+    /// gets tidegate's account of it, with the signals that stop it. The
+    /// SDKs get the provider's answer as it was (they do not retry 401/403,
+    /// and a provider's own error code is what their users match on).
+    pub fn into_response_for(self, protocol: Protocol, client: Client) -> Response {
+        match self {
+            Answer::Gateway(error) => error.into_response_for(protocol, client),
+            Answer::Verbatim { parts, body, class: class @ (Class::Auth | Class::Entitlement) }
+                if client != Client::Sdk =>
+            {
+                account_refused(&parts, &body, class).into_response_for(protocol, client)
+            }
+            other => other.into_response(protocol),
+        }
+    }
+
     /// For a stream already committed (keep-alive): the failure as the
     /// protocol's error event, with its class and message for the report.
     pub fn error_event(self, protocol: Protocol) -> (Bytes, Option<Class>, String) {
+        self.error_event_for(protocol, Client::Sdk)
+    }
+
+    /// [`Answer::error_event`] in the words that make `client`'s retry
+    /// loop do what tidegate means: a give-up that says "come back" is an
+    /// event the client retries (for Codex a `rate_limit_exceeded` saying
+    /// "try again in Ns", which it waits), one that says "stop" an event it
+    /// does not (Codex prints an `invalid_prompt`'s message and stops;
+    /// Claude Code retries only overloaded and rate-limit events).
+    pub fn error_event_for(self, protocol: Protocol, client: Client) -> (Bytes, Option<Class>, String) {
+        if let Answer::Gateway(error) = &self
+            && let Some(advice) = error.advice(client)
+        {
+            let class = error.class();
+            let mut message = format!("tidegate: {error}");
+            let event = match advice {
+                Advice::ComeBack(wait) => {
+                    let kind = match class {
+                        Some(Class::Capacity) => ErrorKind::RateLimit,
+                        _ => error.kind(),
+                    };
+                    message.push_str(&format!(" Please try again in {}s.", wait.as_secs_f64().ceil().max(1.0)));
+                    protocol.error_event(kind, &message)
+                }
+                Advice::Stop(_) if protocol == Protocol::OpenAiResponses && client == Client::Codex => {
+                    crate::protocol::openai_responses::error_event_coded(
+                        ErrorKind::InvalidRequest,
+                        "invalid_prompt",
+                        &message,
+                    )
+                }
+                Advice::Stop(_) => {
+                    if client == Client::Opencode {
+                        message = crate::client::without_retry_words(&message);
+                    }
+                    let kind = match protocol {
+                        Protocol::Anthropic => ErrorKind::Api,
+                        _ => ErrorKind::Permission,
+                    };
+                    protocol.error_event(kind, &message)
+                }
+            };
+            return (event, class, message);
+        }
         match self {
             Answer::Stream(..) => (Bytes::new(), None, String::new()),
             Answer::Verbatim { parts, body, class } => {
@@ -88,6 +155,24 @@ impl Answer {
             Answer::Verbatim { class, .. } => Some(*class),
             Answer::Gateway(error) => error.class(),
         }
+    }
+}
+
+/// tidegate's stop for an upstream's own answer about its account.
+fn account_refused(parts: &http::response::Parts, body: &Bytes, class: Class) -> GatewayError {
+    GatewayError::GaveUp {
+        status: StatusCode::BAD_GATEWAY,
+        kind: ErrorKind::Api,
+        class,
+        message: format!(
+            "the upstream's account cannot serve this request ({} error; the client's own key is fine), and no other target is left to try. Last answer: {} {}.",
+            class.as_str(),
+            parts.status.as_u16(),
+            crate::classify::summary::summarize(body)
+        ),
+        retry_after: None,
+        reset: None,
+        stop_client_retries: true,
     }
 }
 
@@ -271,6 +356,9 @@ fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> Gateway
             (status, kind, outcome.hints.retry_after.unwrap_or(next_backoff), "it cannot be retried".into())
         }
     };
+    // Never "come back at once": that would only continue tidegate's own
+    // retrying past the deadline.
+    let retry_after = retry_after.max(crate::client::COME_BACK_AFTER);
     let mut message = if ctx.tried.is_empty() {
         format!(
             "upstream {name} is still {state} ({} error) after {} attempt{} over {}; {reason}. Last answer: {}.",
@@ -304,6 +392,7 @@ fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> Gateway
         class: outcome.class,
         message,
         retry_after: Some(retry_after),
+        reset: outcome.hints.projected_reset,
         stop_client_retries: ctx.stop_client_retries,
     }
 }
@@ -327,6 +416,7 @@ pub(super) fn refused(upstream: &Upstream, refused: Refused, attempts: usize, el
                 secs(retry_after),
             ),
             retry_after: Some(retry_after),
+            reset: None,
             stop_client_retries: true,
         },
     }

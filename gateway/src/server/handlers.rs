@@ -103,7 +103,11 @@ pub async fn fallback(State(gw): State<Arc<Gateway>>, req: Request) -> Response 
 
 /// A known path with the wrong method: a protocol-shaped 405.
 pub async fn wrong_method(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let error = GatewayError::WrongMethod(format!("{} {}", req.method(), req.uri().path()));
+    let websocket = req.headers().get(header::UPGRADE).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    let error = match websocket {
+        true => GatewayError::NoWebSocket(req.uri().path().to_owned()),
+        false => GatewayError::WrongMethod(format!("{} {}", req.method(), req.uri().path())),
+    };
     refuse(&gw, error, req).await
 }
 
@@ -144,6 +148,7 @@ pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl 
         // lane and volume count all start from it.
         let arrived = Instant::now();
         let mut exchange = Exchange::arrive(crate::request_id::next(), arrived, gw.sink.clone());
+        exchange.record().agent = crate::client::Client::recognise(&parts.headers);
         if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
             // Shutting down: an honest 503 at once.
             body::discard(body, &parts.headers, gw.config.body_timeout).await;

@@ -38,8 +38,9 @@ pub fn error_body(kind: ErrorKind, message: &str, code: Option<&str>) -> Bytes {
 fn code(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::RateLimit => "rate_limit_exceeded",
-        ErrorKind::Overloaded => "server_is_overloaded",
-        ErrorKind::Api | ErrorKind::Timeout => "server_error",
+        // Not `server_is_overloaded`: Codex answers that one with "Selected
+        // model is at capacity. Please try a different model." and stops.
+        ErrorKind::Api | ErrorKind::Timeout | ErrorKind::Overloaded => "server_error",
         ErrorKind::InvalidRequest | ErrorKind::TooLarge => "invalid_request_error",
         ErrorKind::Authentication => "invalid_api_key",
         ErrorKind::Permission => "permission_denied",
@@ -52,7 +53,12 @@ fn code(kind: ErrorKind) -> &'static str {
 /// `response.completed`), then `error` carrying an `error` object (the
 /// OpenAI SDKs raise on it).
 pub fn error_event(kind: ErrorKind, message: &str) -> Bytes {
-    let code = code(kind);
+    error_event_coded(kind, code(kind), message)
+}
+
+/// [`error_event`] with a chosen `code`: Codex stops on some codes and
+/// retries the rest (see [`crate::client`]).
+pub fn error_event_coded(kind: ErrorKind, code: &str, message: &str) -> Bytes {
     let failed = json!({"type": "response.failed", "response": {
         "id": "resp_tidegate", "object": "response", "status": "failed", "output": [],
         "error": {"code": code, "message": message}}});
