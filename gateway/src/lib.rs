@@ -36,7 +36,9 @@
 //! the `/ui` dashboard, `journal` row); `pins` remembers which upstream
 //! stores a Responses API response, and `affinity` which target holds a
 //! conversation's prompt cache; `anomaly` watches per-client volume;
-//! `request_id` makes the ids whose first half is the journal's row key.
+//! `request_id` makes the ids whose first half is the journal's row key;
+//! `client` recognises the client program (Codex, Claude Code, …) whose
+//! retry contract `error` speaks when tidegate gives up.
 //!
 //! The fake provider is not here: the `tidegate-simulate` crate
 //! (`simulate/`) is a fault-injecting upstream with named scenarios, and

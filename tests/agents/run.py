@@ -216,7 +216,8 @@ def main():
             failed += 1
             print("    " + out[-1500:].replace("\n", "\n    "))
         else:
-            said = [l for l in out.splitlines() if "tok0" in l or "ERROR" in l][-1:]
+            said = [l for l in out.splitlines()
+                    if "tok0" in l or "ERROR" in l or ("limit" in l and "reset" in l.lower())][-1:]
             print(f"    said: {said[0].strip()[:160] if said else ''}")
     print(f"agents: {len(results) - failed} passed, {failed} failed")
     if failed:

@@ -57,6 +57,8 @@ upstreams:
   - {{ name: sim-azure, kind: azure, base_url: "http://127.0.0.1:{sim_port}", api_key: az-key, api_version: 2024-10-21 }}
   - {{ name: sim-chat-only, protocol: openai-chat, base_url: "http://127.0.0.1:{chat_port}/v1", api_key: up }}
   - {{ name: sim-gemini, protocol: gemini, base_url: "http://127.0.0.1:{sim_port}", api_key: up }}
+  - {{ name: sim-limit-openai, protocol: openai, base_url: "http://127.0.0.1:{sim_port}/v1", api_key: up }}
+  - {{ name: sim-limit-anthropic, protocol: anthropic, base_url: "http://127.0.0.1:{sim_port}", api_key: up }}
 models:
   gpt: {{ targets: [{{ upstream: sim-openai, model: sim-gpt }}] }}
   claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
@@ -79,6 +81,9 @@ models:
   gem-busy: {{ targets: [{{ upstream: sim-gemini, model: sim-gemini-busy }}] }}
   gem-daily: {{ targets: [{{ upstream: sim-gemini, model: sim-gemini-daily }}] }}
   gem-on-claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-claude }}] }}
+  limit: {{ targets: [{{ upstream: sim-limit-openai, model: sim-limit }}] }}
+  limit-claude: {{ targets: [{{ upstream: sim-limit-anthropic, model: sim-limit }}] }}
+  busy-claude: {{ targets: [{{ upstream: sim-anthropic, model: sim-busy }}], deadline: 1s }}
 defaults:
   retry: {{ base_delay: 50ms, max_delay: 100ms }}
   stream_keepalive_after: 300ms
@@ -125,6 +130,12 @@ models:
   sim-bad:
     status: 400
     error_body: '{"error":{"message":"Invalid input: expected a string or an array","type":"invalid_request_error","param":"input","code":null}}'
+  sim-limit:
+    busy_for_ms: 86400000
+    busy_with:
+      status: 429
+      body: '{"type":"error","error":{"type":"rate_limit_error","message":"You have hit your session limit, resets 3:20am"}}'
+      headers: { retry-after: "18000" }
   sim-busy:
     status: 429
     error_body: '{"error":{"code":"3009","message":"model concurrency limit exceeded"}}'
@@ -180,7 +191,8 @@ def run_checks(base):
     # Every alias, in config order: each is served on every endpoint.
     aliases = ["gpt", "claude", "busy", "drop", "drop-claude", "slow", "slow-claude", "busy-once", "bad",
                "drop-responses", "busy-once-js", "claude-bedrock", "claude-vertex", "gpt-azure", "x-chat",
-               "x-anthropic", "claude-failover", "gem", "gem-busy", "gem-daily", "gem-on-claude"]
+               "x-anthropic", "claude-failover", "gem", "gem-busy", "gem-daily", "gem-on-claude", "limit",
+               "limit-claude", "busy-claude"]
 
     def openai_models():
         ids = [m.id for m in oa.models.list()]
@@ -203,12 +215,7 @@ def run_checks(base):
         # tidegate retries inside the 1 s deadline, then answers 429 "come
         # back" (x-should-retry: true, retry-after-ms): an SDK allowed one
         # retry sends exactly one more request, no sooner than told.
-        import httpx
-        sent, answered = [], []
-        hooks = {"request": [lambda r: sent.append(time.time())],
-                 "response": [lambda r: answered.append((time.time(), r.headers.get("retry-after-ms")))]}
-        sdk = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEY, max_retries=1, timeout=20,
-                            http_client=httpx.Client(event_hooks=hooks))
+        sdk, sent, answered = counted(openai.OpenAI, base_url=f"{base}/v1", max_retries=1)
         try:
             sdk.chat.completions.create(model="busy", messages=msgs)
             raise AssertionError("no exception")
@@ -216,9 +223,53 @@ def run_checks(base):
             assert "tidegate" in e.message and "3009" in e.message, e.message
             assert e.response.headers.get("x-should-retry") == "true"
             assert int(e.response.headers["retry-after"]) >= 1
+        came_back_once_as_told(sent, answered)
+
+    def counted(sdk_class, **kw):
+        """An SDK client whose HTTP requests and answers are recorded (each
+        SDK's own httpx client class: which httpx it uses is its business)."""
+        sent, answered = [], []
+        hooks = {"request": [lambda r: sent.append(time.time())],
+                 "response": [lambda r: answered.append((time.time(), r.headers))]}
+        module = openai if sdk_class is openai.OpenAI else anthropic
+        http = module.DefaultHttpxClient(event_hooks=hooks)
+        return sdk_class(api_key=CLIENT_KEY, timeout=20, http_client=http, **kw), sent, answered
+
+    def sdks_stop_at_once_on_a_limit_hours_away():
+        # A session limit hours away: tidegate says stop (x-should-retry:
+        # false); SDKs allowed 3 retries send no second request.
+        calls = [
+            (openai.OpenAI, dict(base_url=f"{base}/v1"), openai.RateLimitError,
+             lambda c: c.chat.completions.create(model="limit", messages=msgs)),
+            (anthropic.Anthropic, dict(base_url=base), anthropic.RateLimitError,
+             lambda c: c.messages.create(model="limit-claude", max_tokens=10, messages=msgs)),
+        ]
+        for sdk_class, kw, error, call in calls:
+            sdk, sent, answered = counted(sdk_class, max_retries=3, **kw)
+            started = time.time()
+            try:
+                call(sdk)
+                raise AssertionError("no exception")
+            except error as e:
+                assert "session limit" in e.message and "reset" in e.message, e.message
+            assert len(sent) == 1, f"{sdk_class.__name__}: {len(sent)} requests after tidegate said stop"
+            assert answered[0][1].get("x-should-retry") == "false"
+            assert time.time() - started < 2, "answered at once"
+
+    def anthropic_comes_back_when_told():
+        sdk, sent, answered = counted(anthropic.Anthropic, base_url=base, max_retries=1)
+        try:
+            sdk.messages.create(model="busy-claude", max_tokens=10, messages=msgs)
+            raise AssertionError("no exception")
+        except anthropic.RateLimitError as e:
+            assert "tidegate" in e.message, e.message
+        came_back_once_as_told(sent, answered)
+
+    def came_back_once_as_told(sent, answered):
         assert len(sent) == 2, f"{len(sent)} requests: the SDK did not come back exactly once"
-        told = int(answered[0][1]) / 1000
+        told = int(answered[0][1]["retry-after-ms"]) / 1000
         waited = sent[1] - answered[0][0]
+        assert answered[0][1].get("x-should-retry") == "true"
         assert told >= 1 and waited >= told - 0.05, f"told {told:.2f}s, came back after {waited:.2f}s"
 
     def openai_mid_stream_failure_raises():
@@ -490,7 +541,8 @@ def run_checks(base):
 
     checks = [gemini_generate, gemini_stream, gemini_capacity_absorbed, gemini_daily_quota_answered_at_once,
               gemini_typed_errors, gemini_sdk_to_claude_target_with_a_tool,
-              openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_comes_back_when_told_and_not_before,
+              openai_non_stream, openai_stream, openai_models, openai_typed_errors, openai_comes_back_when_told_and_not_before, sdks_stop_at_once_on_a_limit_hours_away,
+              anthropic_comes_back_when_told,
               openai_mid_stream_failure_raises, openai_keepalive_comments_parse,
               responses_non_stream, responses_stream, responses_capacity_absorbed, responses_typed_errors,
               responses_mid_stream_failure_raises,
