@@ -12,7 +12,43 @@ const assert = (cond, what) => {
   if (!cond) throw new Error(what);
 };
 
+// An OpenAI client whose HTTP requests and answers are recorded.
+function counted(maxRetries) {
+  const sent = [];
+  const answered = [];
+  const counting = async (url, init) => {
+    sent.push(Date.now());
+    const r = await fetch(url, init);
+    answered.push([Date.now(), r.headers.get("retry-after-ms"), r.headers.get("x-should-retry")]);
+    return r;
+  };
+  return [new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries, timeout: 20000, fetch: counting }), sent, answered];
+}
+
 const checks = {
+  async js_openai_stops_on_a_stop_and_comes_back_as_told() {
+    // A session limit hours away: no second request, though 3 are allowed.
+    let [sdk, sent, answered] = counted(3);
+    try {
+      await sdk.responses.create({ model: "limit", input: "hello" });
+      throw new Error("no exception");
+    } catch (e) {
+      assert(e instanceof OpenAI.RateLimitError && String(e.message).includes("session limit"), String(e));
+    }
+    assert(sent.length === 1 && answered[0][2] === "false", `${sent.length} requests after a stop`);
+    // Capacity outlasting a 1 s deadline: exactly one more, no sooner than told.
+    [sdk, sent, answered] = counted(1);
+    try {
+      await sdk.responses.create({ model: "busy", input: "hello" });
+      throw new Error("no exception");
+    } catch (e) {
+      assert(e instanceof OpenAI.RateLimitError, String(e));
+    }
+    assert(sent.length === 2 && answered[0][2] === "true", `${sent.length} requests after a come-back`);
+    const told = Number(answered[0][1]);
+    const waited = sent[1] - answered[0][0];
+    assert(told >= 1000 && waited >= told - 50, `told ${told} ms, came back after ${waited} ms`);
+  },
   async js_gemini_generate_and_stream() {
     const r = await gm.models.generateContent({ model: "gem", contents: "hello" });
     assert(r.text === "tok0 tok1 tok2 tok3 tok4 ", JSON.stringify(r));
