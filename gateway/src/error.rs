@@ -291,7 +291,10 @@ fn whole_seconds(wait: Duration) -> u64 {
 /// and `x-should-retry: true` (an SDK then retries even a status it would
 /// not, and waits as told).
 fn come_back(headers: &mut http::HeaderMap, wait: Duration, client: Client) {
-    headers.insert(header::RETRY_AFTER, HeaderValue::from(whole_seconds(wait.min(client.waits_up_to()))));
+    // A queue's drain estimate may be longer than the client waits: told
+    // the most it waits, it comes back then instead of ignoring the wait.
+    let wait = wait.min(client.waits_up_to());
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(whole_seconds(wait)));
     headers.insert("retry-after-ms", HeaderValue::from(wait.as_millis().max(1) as u64));
     headers.insert("x-should-retry", HeaderValue::from_static("true"));
 }

@@ -92,6 +92,10 @@ pub struct Behavior {
     /// The refusal while busy (default: `429` "model concurrency limit
     /// exceeded", code 3009, no `Retry-After`).
     pub busy_with: Option<Fault>,
+    /// A finished request still counts against `reject_over` for this
+    /// long (a provider that frees a session's slot late: what
+    /// tidegate's `slot_release_delay` is for).
+    pub linger_ms: u64,
 }
 
 /// How a scripted fault is delivered.
@@ -193,6 +197,7 @@ impl Default for Behavior {
             script: Vec::new(),
             busy_for_ms: None,
             busy_with: None,
+            linger_ms: 0,
         }
     }
 }
@@ -656,10 +661,25 @@ impl Flight {
 impl Drop for Flight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
-        if let (Some(model), Ok(mut per_model)) = (self.model.take(), self.state.per_model.lock())
-            && let Some((now, _)) = per_model.get_mut(&model)
-        {
-            *now = now.saturating_sub(1);
+        if let Some(model) = self.model.take() {
+            let linger = self.state.config.models.get(&model).unwrap_or(&self.state.config.default).linger_ms;
+            let state = self.state.clone();
+            let free = move || {
+                if let Ok(mut per_model) = state.per_model.lock()
+                    && let Some((now, _)) = per_model.get_mut(&model)
+                {
+                    *now = now.saturating_sub(1);
+                }
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) if linger > 0 => {
+                    runtime.spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(linger)).await;
+                        free();
+                    });
+                }
+                _ => free(),
+            }
         }
         if let (Some(key), Ok(mut accounts)) = (self.account.take(), self.state.per_account.lock())
             && let Some(stats) = accounts.get_mut(&key)
