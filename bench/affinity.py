@@ -142,14 +142,6 @@ def sessions_run(affinity):
     return cached / total, ideal_share(all_usage), took
 
 
-def stats():
-    conn = http.client.HTTPConnection("127.0.0.1", SIM, timeout=10)
-    conn.request("GET", "/sim/stats")
-    v = json.loads(conn.getresponse().read())
-    conn.close()
-    return v
-
-
 def fan_out():
     sim, gw = start(500, "session")
     try:
@@ -160,7 +152,7 @@ def fan_out():
             started = time.monotonic()
             parallel(one, list(range(wave * 20, wave * 20 + 20)))
             times.append(time.monotonic() - started)
-        refused = stats()["rejected"]
+        refused = run.sim_stats(SIM)["rejected"]
     finally:
         run.stop([gw, sim])
     return times, refused

@@ -58,6 +58,16 @@ def stop(procs):
             p.kill()
 
 
+def sim_stats(port):
+    """The simulator's `/sim/stats` (refusals, requests per model, …)."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/sim/stats")
+    v = json.loads(conn.getresponse().read())
+    conn.close()
+    return v
+
+
 def write(name, text):
     path = os.path.join(TMP, name)
     with open(path, "w") as f:

@@ -44,14 +44,6 @@ def post(port):
     return resp.status
 
 
-def stats():
-    conn = http.client.HTTPConnection("127.0.0.1", SIM, timeout=10)
-    conn.request("GET", "/sim/stats")
-    v = json.loads(conn.getresponse().read())
-    conn.close()
-    return v
-
-
 def burst(ports):
     """N requests at once over `ports`; (makespan, statuses, refusals in
     the first wave, refusals after it)."""
@@ -71,11 +63,11 @@ def burst(ports):
     # ANSWER_S: what was refused before then was refused before anything
     # could have been learned.
     time.sleep(ANSWER_S * 0.8)
-    first = stats()["rejected"]
+    first = run.sim_stats(SIM)["rejected"]
     for t in threads:
         t.join()
     took = time.monotonic() - started
-    return took, statuses, first, stats()["rejected"] - first
+    return took, statuses, first, run.sim_stats(SIM)["rejected"] - first
 
 
 def setup(linger, replicas):
