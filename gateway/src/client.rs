@@ -67,18 +67,6 @@ impl Client {
         }
     }
 
-    /// Its name in logs and the journal.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Client::Sdk => "sdk",
-            Client::Codex => "codex",
-            Client::ClaudeCode => "claude-code",
-            Client::GeminiCli => "gemini-cli",
-            Client::Opencode => "opencode",
-            Client::QwenCode => "qwen-code",
-        }
-    }
-
     /// The longest wait this client sits out as told and then sends the
     /// request again: beyond it, a "come back" is ignored (the SDKs,
     /// Claude Code), slept for hours (Codex, Qwen Code) or a stop (Gemini

@@ -199,16 +199,23 @@ impl GatewayError {
         }
     }
 
+    /// What `client` is told, in words its retry loop does not misread
+    /// (a stop to opencode holds none of the words it retries on).
+    pub fn message_for(&self, client: Client) -> String {
+        let message = format!("tidegate: {self}");
+        match (client, self.advice(client)) {
+            (Client::Opencode, Some(Advice::Stop(_))) => crate::client::without_retry_words(&message),
+            _ => message,
+        }
+    }
+
     /// Renders the error in the client's protocol, with the retry signals
     /// that make `client`'s own retry loop do what tidegate means (the
     /// table is in [`crate::client`] and the README).
     pub fn into_response_for(self, protocol: Protocol, client: Client) -> Response {
         let (mut status, mut kind, code) = self.status_kind();
         let advice = self.advice(client);
-        let mut message = format!("tidegate: {self}");
-        if client == Client::Opencode && matches!(advice, Some(Advice::Stop(_))) {
-            message = crate::client::without_retry_words(&message);
-        }
+        let message = self.message_for(client);
         if let (Some(Advice::Stop(wait)), GatewayError::GaveUp { class, .. }) = (advice, &self) {
             (status, kind) = stop_status(client, *class, wait, status, kind);
         }

@@ -807,7 +807,13 @@ async fn serve_named(
         return deliver(protocol, head.stream, &fault);
     }
     if let Ok(mut asked) = state.asked.lock() {
-        *asked.entry(head.model.clone()).or_default() += 1;
+        // The model's name is copied once, not on every request.
+        match asked.get_mut(&head.model) {
+            Some(n) => *n += 1,
+            None => {
+                asked.insert(head.model.clone(), 1);
+            }
+        }
     }
     let behavior = state.config.models.get(&head.model).unwrap_or(&state.config.default);
     if let Some(busy) = behavior.busy_for_ms {

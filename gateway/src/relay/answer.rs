@@ -76,23 +76,19 @@ impl Answer {
     }
 
     /// For a stream already committed (keep-alive): the failure as the
-    /// protocol's error event, with its class and message for the report.
-    pub fn error_event(self, protocol: Protocol) -> (Bytes, Option<Class>, String) {
-        self.error_event_for(protocol, Client::Sdk)
-    }
-
-    /// [`Answer::error_event`] in the words that make `client`'s retry
-    /// loop do what tidegate means: a give-up that says "come back" is an
-    /// event the client retries (for Codex a `rate_limit_exceeded` saying
-    /// "try again in Ns", which it waits), one that says "stop" an event it
-    /// does not (Codex prints an `invalid_prompt`'s message and stops;
-    /// Claude Code retries only overloaded and rate-limit events).
+    /// protocol's error event, with its class and message for the report,
+    /// in the words that make `client`'s retry loop do what tidegate
+    /// means: a give-up that says "come back" is an event the client
+    /// retries (for Codex a `rate_limit_exceeded` saying "try again in
+    /// Ns", which it waits), one that says "stop" an event it does not
+    /// (Codex prints an `invalid_prompt`'s message and stops; Claude Code
+    /// retries only overloaded and rate-limit events).
     pub fn error_event_for(self, protocol: Protocol, client: Client) -> (Bytes, Option<Class>, String) {
         if let Answer::Gateway(error) = &self
             && let Some(advice) = error.advice(client)
         {
             let class = error.class();
-            let mut message = format!("tidegate: {error}");
+            let mut message = error.message_for(client);
             let event = match advice {
                 Advice::ComeBack(wait) => {
                     let kind = match class {
@@ -110,9 +106,6 @@ impl Answer {
                     )
                 }
                 Advice::Stop(_) => {
-                    if client == Client::Opencode {
-                        message = crate::client::without_retry_words(&message);
-                    }
                     let kind = match protocol {
                         Protocol::Anthropic => ErrorKind::Api,
                         _ => ErrorKind::Permission,
