@@ -16,9 +16,9 @@
 //! - **rpm/tpm** are the same GCRA as `limits::gcra`, one timestamp per
 //!   bucket in Redis.
 //! - **Adaptive limits** live in one key per upstream: "concurrency limit"
-//!   lowers it to the leases held when the refused request took its own,
-//!   minus its own; successes grow it back by 1/limit, below that level
-//!   for the learned limit's memory.
+//!   lowers it to the leases held when the refusal comes back, minus the
+//!   refused one's own; successes grow it back by 1/limit, below that
+//!   level for the learned limit's memory.
 //! - **Cooldowns and open breakers** are published to the other replicas
 //!   (and kept in keys that expire with them, read when a replica joins),
 //!   so one replica's `429 Retry-After: 5` makes the others hold off too.
@@ -69,11 +69,11 @@ if held < limit and ahead < limit - held then
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
-  return {1, limit, held + 1}
+  return {1, limit}
 end
 if not rank then redis.call('ZADD', KEYS[2], now, ARGV[1]) end
 redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
-return {0, limit, held}
+return {0, limit}
 ";
 
 const RELEASE: &str = r"
@@ -169,12 +169,17 @@ const MAX_TURNS: u32 = 10_000;
 const KEPT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Lower the shared limit, when a concurrency refusal comes back, to the
-/// leases held when the refused request took its own, minus its own (what
-/// the provider accepted; floor 1): ARGV[3]. That level is remembered as
-/// the ceiling of growth for ARGV[2] ms (only ever lowered meanwhile).
+/// leases held now (the refused request's still among them) minus its own:
+/// every request the provider had accepted when it refused is among them
+/// (plus some sent after, which a later refusal corrects), so the level
+/// is never below what the provider accepts. (The leases held when the
+/// refused request took its own are not: requests sent together reach
+/// the provider in any order, and the first one taken may be the one
+/// refused.) Floor 1. That level is remembered as the ceiling of growth
+/// for ARGV[2] ms (only ever lowered meanwhile).
 const LOWER: &str = r"
 local limit = tonumber(redis.call('GET', KEYS[2]) or ARGV[1])
-local lowered = math.max(1, tonumber(ARGV[3]))
+local lowered = math.max(1, redis.call('ZCARD', KEYS[1]) - 1)
 local ceiling = tonumber(redis.call('GET', KEYS[3]) or ARGV[1])
 redis.call('SET', KEYS[3], tostring(math.min(ceiling, lowered)), 'PX', ARGV[2])
 if lowered < limit then
@@ -379,18 +384,9 @@ pub struct SharedError(String);
 pub struct SharedLease {
     spot: Spot,
     renewer: JoinHandle<()>,
-    /// Leases held across replicas when this one was taken, itself
-    /// included: a concurrency refusal of its request says the provider
-    /// accepts fewer (see [`SharedState::lower`]).
-    held: u32,
 }
 
 impl SharedLease {
-    /// Leases held across replicas when it was taken, itself included.
-    pub fn held(&self) -> u32 {
-        self.held
-    }
-
     /// Gives the lease back now and waits until Redis has it (dropping the
     /// lease does the same in the background).
     pub async fn give_back(mut self) {
@@ -583,13 +579,13 @@ impl SharedState {
             // learned meanwhile. (The release follows the script on the
             // same connection; removing an id Redis never added is a no-op.)
             spot.armed = true;
-            let Some((taken, limit_now, held)) = self.call::<(u8, u32, u32)>(inv).await else {
+            let Some((taken, limit_now)) = self.call::<(u8, u32)>(inv).await else {
                 spot.armed = false;
                 return SharedSlot::Unavailable;
             };
             if taken == 1 {
                 let renewer = tokio::spawn(renew(Arc::downgrade(self), keys.clone(), spot.id.clone(), self.ttl));
-                return SharedSlot::Leased(SharedLease { spot, renewer, held }, limit_now);
+                return SharedSlot::Leased(SharedLease { spot, renewer }, limit_now);
             }
             tokio::select! {
                 _ = notified => {}
@@ -632,14 +628,14 @@ impl SharedState {
         let _ = self.call::<i64>(inv).await;
     }
 
-    /// "Concurrency limit" seen: the shared limit drops to `accepted` (the
-    /// leases held when the refused request took its own, minus its own),
-    /// and growth stays below it for `memory`. Returns the new limit.
-    pub async fn lower(&self, upstream: &str, cap: u32, accepted: u32, memory: Duration) -> Option<f64> {
+    /// "Concurrency limit" seen by a request still holding its lease: the
+    /// shared limit drops to the other leases held now, and growth stays
+    /// below that level for `memory`. Returns the new limit.
+    pub async fn lower(&self, upstream: &str, cap: u32, memory: Duration) -> Option<f64> {
         let keys = self.upstreams.get(upstream)?;
         let mut inv = self.scripts.lower.prepare_invoke();
         let memory = memory.as_millis() as u64;
-        inv.key(&keys.leases).key(&keys.limit).key(&keys.ceiling).arg(cap).arg(memory).arg(accepted);
+        inv.key(&keys.leases).key(&keys.limit).key(&keys.ceiling).arg(cap).arg(memory);
         self.call::<String>(inv).await.and_then(|s| s.parse().ok())
     }
 

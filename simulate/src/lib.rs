@@ -94,7 +94,8 @@ pub struct Behavior {
     pub busy_with: Option<Fault>,
     /// A finished request still counts against `reject_over` for this
     /// long (a provider that frees a session's slot late: what
-    /// tidegate's `slot_release_delay` is for).
+    /// tidegate's `slot_release_delay` is for). A refused request opened
+    /// no session: it stops counting at once.
     pub linger_ms: u64,
 }
 
@@ -612,13 +613,15 @@ struct Flight {
     key: Option<String>,
     /// The provider key, counted in its account while in flight.
     account: Option<String>,
+    /// Served (not refused): its session counts `linger_ms` longer.
+    lingers: bool,
 }
 
 impl Flight {
     fn new(state: Arc<SimState>) -> Self {
         let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         state.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        Self { state, done: false, model: None, key: None, account: None }
+        Self { state, done: false, model: None, key: None, account: None, lingers: false }
     }
 
     /// Counts the request against its model too; returns how many
@@ -662,7 +665,8 @@ impl Drop for Flight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
         if let Some(model) = self.model.take() {
-            let linger = self.state.config.models.get(&model).unwrap_or(&self.state.config.default).linger_ms;
+            let behavior = self.state.config.models.get(&model).unwrap_or(&self.state.config.default);
+            let linger = if self.lingers { behavior.linger_ms } else { 0 };
             let state = self.state.clone();
             let free = move || {
                 if let Ok(mut per_model) = state.per_model.lock()
@@ -852,6 +856,7 @@ async fn serve_named(
         flight.finish();
         return deliver(protocol, head.stream, &fault);
     }
+    flight.lingers = true;
     let nth = match state.served.lock() {
         Ok(mut served) => {
             let n = served.entry(head.model.clone()).or_insert(0);

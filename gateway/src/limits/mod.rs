@@ -7,9 +7,10 @@
 //! is shed at once with a `Retry-After` from the queue's drain rate. A
 //! [`Permit`] is held for the whole request, stream included, and gives its
 //! slot back when dropped — on completion, error, client disconnect or
-//! panic alike. When an upstream answers "concurrency limit" while tidegate
-//! holds N slots (this request's included), the effective limit drops to
-//! N − 1 — what the provider did accept (floor 1) — and grows back by
+//! panic alike. When a "concurrency limit" answer comes back while tidegate
+//! holds N slots (the refused request's included), the effective limit
+//! drops to N − 1 — at least what the provider accepted (floor 1) — and
+//! grows back by
 //! 1/limit per success, up to the declared `max_concurrent` or
 //! `adaptive_max` but, for [`ADAPTIVE_MEMORY`] after the refusal, never
 //! back to the level that was refused: a hard cap is learned once, not
@@ -41,7 +42,9 @@ pub struct LimitConfig {
     pub max_concurrent: Option<u32>,
     /// Learn the cap from "concurrency limit" answers.
     pub adaptive: bool,
-    /// Ceiling of the learned cap when none is declared.
+    /// Ceiling of the learned cap when none is declared. By default none
+    /// (`u32::MAX`): an upstream that never refused is never held at a
+    /// number someone guessed; the first refusal teaches the limit.
     pub adaptive_max: u32,
     /// Requests allowed to wait; beyond, an immediate 429.
     pub max_queue: usize,
@@ -64,7 +67,7 @@ impl Default for LimitConfig {
         Self {
             max_concurrent: None,
             adaptive: true,
-            adaptive_max: 4096,
+            adaptive_max: u32::MAX,
             max_queue: 4096,
             slot_release_delay: Duration::ZERO,
             rpm: None,
@@ -195,9 +198,10 @@ impl Permit {
 
 impl Permit {
     /// Its attempt was refused with "concurrency limit": when it drops,
-    /// its shared lease is given back and the shared limit lowered to the
-    /// leases held when it took its own, minus its own (what the provider
-    /// accepted), as the local limit is.
+    /// the shared limit is lowered to the other leases held then (as the
+    /// local one is to the other slots), its lease given back, and its
+    /// slot freed without `slot_release_delay` (the provider opened no
+    /// session for it).
     pub fn refused_for_concurrency(&mut self) {
         self.concurrency_refused = true;
     }
@@ -211,12 +215,13 @@ impl Drop for Permit {
         {
             let (state, upstream, cap) = (shared.state.clone(), shared.upstream.clone(), self.limiter.cap() as u32);
             let me = self.limiter.me.clone();
-            let accepted = lease.held().saturating_sub(1);
             self.limiter.tasks.spawn(async move {
+                // Lowered while the lease still counts (the level is the
+                // others held), then given back: a waiter it wakes sees
+                // the lowered limit.
+                let lowered = state.lower(&upstream, cap, ADAPTIVE_MEMORY).await;
                 lease.give_back().await;
-                if let (Some(limit), Some(me)) =
-                    (state.lower(&upstream, cap, accepted, ADAPTIVE_MEMORY).await, me.upgrade())
-                {
+                if let (Some(limit), Some(me)) = (lowered, me.upgrade()) {
                     me.set_shared_limit(limit);
                 }
             });
@@ -225,7 +230,10 @@ impl Drop for Permit {
             self.limiter.unleased.fetch_sub(1, Ordering::AcqRel);
         }
         if let Some(lease) = self.lease.take() {
-            self.limiter.clone().release(lease, self.shared.take());
+            // A refused request opened no session upstream: nothing to
+            // wait for before its slot is free again.
+            let delay = if self.concurrency_refused { Duration::ZERO } else { self.limiter.config.slot_release_delay };
+            self.limiter.clone().release(lease, self.shared.take(), delay);
         }
     }
 }
@@ -532,8 +540,10 @@ impl Limiter {
         }
     }
 
-    /// The upstream said "concurrency limit" while `held` slots were taken:
-    /// lower the effective limit (multiplicative decrease, floor 1).
+    /// The upstream said "concurrency limit" and `held` slots are taken as
+    /// the refusal comes back, the refused request's included: lower the
+    /// effective limit to the others (what the provider accepted, plus any
+    /// sent after the refused one, which a later refusal corrects; floor 1).
     pub fn on_concurrency_error(&self, held: u32) {
         self.prove();
         if !self.config.adaptive {
@@ -623,8 +633,7 @@ impl Limiter {
         self.slots.taken()
     }
 
-    fn release(self: Arc<Self>, lease: Lease, shared: Option<SharedLease>) {
-        let delay = self.config.slot_release_delay;
+    fn release(self: Arc<Self>, lease: Lease, shared: Option<SharedLease>, delay: Duration) {
         if delay.is_zero() {
             drop(shared);
             self.give_back(lease);
@@ -777,7 +786,7 @@ mod tests {
     #[tokio::test]
     async fn adaptive_limit_decreases_then_grows_back() {
         let l = Limiter::new(LimitConfig::default());
-        assert_eq!(l.effective_limit(), 4096);
+        assert_eq!(l.effective_limit(), u32::MAX, "no refusal yet: no limit");
         // Refused with 8 held (this one included): 7 were accepted.
         l.on_concurrency_error(8);
         assert_eq!(l.effective_limit(), 7);

@@ -227,7 +227,7 @@ async fn attempts(job: &Job) -> Relayed {
         };
         // In a pool, the account that gave the slot.
         let picked = now;
-        let (ti, mut permit, held, now) = match run.acquire(ti, tokens, now).await {
+        let (ti, mut permit, now) = match run.acquire(ti, tokens, now).await {
             Ok(acquired) => acquired,
             Err(stop) => return stop,
         };
@@ -260,6 +260,11 @@ async fn attempts(job: &Job) -> Relayed {
         }
         // What the answer says of the upstream first (a bench, a lowered
         // limit), then the slot: a request waiting for it sees the news.
+        // The slots held as the answer comes back, this one's included:
+        // every request the provider had accepted when it refused is
+        // still among them (the count when this one took its slot is not
+        // a bound: requests sent together arrive in any order).
+        let held = run.upstream(ti).limiter.in_flight();
         run.feed_back(ti, &outcome, held);
         drop(permit);
         let decision = run.decide(ti, &outcome);
@@ -429,7 +434,7 @@ impl<'a> Run<'a> {
     }
 
     /// Acquire: wait for the upstream's rate buckets and a concurrency
-    /// slot. Returns the permit and how many slots were held with it.
+    /// slot. Returns the target that gave it, the permit and when.
     ///
     /// A pool's account without a free slot does not make the request wait
     /// for that account alone: it waits for every account of the pool that
@@ -440,7 +445,7 @@ impl<'a> Run<'a> {
         ti: TargetId,
         tokens: u64,
         now: Instant,
-    ) -> Result<(TargetId, Permit, u32, Instant), Relayed> {
+    ) -> Result<(TargetId, Permit, Instant), Relayed> {
         let gw = &self.job.gw;
         self.job.progress.attempt(self.targets.upstream(ti));
         let alone = self.targets.has_room(ti) || self.targets.staying(ti);
@@ -487,7 +492,7 @@ impl<'a> Run<'a> {
             Ok(permit) => {
                 let acquired_at = Instant::now();
                 self.queue_wait += acquired_at.saturating_duration_since(now);
-                Ok((ti, permit, upstream.limiter.in_flight(), acquired_at))
+                Ok((ti, permit, acquired_at))
             }
             Err(refused) => {
                 let error = answer::refused(upstream, refused, self.attempts.len(), self.started.elapsed());
