@@ -92,7 +92,7 @@ worker_processes 1;
 worker_rlimit_nofile 65536;
 pid {TMP}/{name}.pid;
 error_log {TMP}/{name}-error.log warn;
-events {{ worker_connections 8192; }}
+events {{ worker_connections 16384; }}
 http {{
   access_log {access_log};
   upstream up {{ server 127.0.0.1:{upstream}; keepalive 1024; }}
