@@ -260,12 +260,7 @@ async fn attempts(job: &Job) -> Relayed {
         }
         // What the answer says of the upstream first (a bench, a lowered
         // limit), then the slot: a request waiting for it sees the news.
-        // The slots held as the answer comes back, this one's included:
-        // every request the provider had accepted when it refused is
-        // still among them (the count when this one took its slot is not
-        // a bound: requests sent together arrive in any order).
-        let held = run.upstream(ti).limiter.in_flight();
-        run.feed_back(ti, &outcome, held);
+        run.feed_back(ti, &outcome);
         drop(permit);
         let decision = run.decide(ti, &outcome);
         run.log(ti, &outcome, &decision);
@@ -290,7 +285,7 @@ async fn attempts(job: &Job) -> Relayed {
                 tracing::debug!(upstream = %run.upstream(ti).config.name, class = outcome.class.as_str(), "failing over");
             }
             Decision::Requeue => {
-                tracing::debug!(upstream = %run.upstream(ti).config.name, held, "concurrency refusal: back in the queue");
+                tracing::debug!(upstream = %run.upstream(ti).config.name, "concurrency refusal: back in the queue");
             }
             Decision::GiveUp(why) => return run.give_up(ti, why, &outcome, buffered),
         }
@@ -554,7 +549,7 @@ impl<'a> Run<'a> {
     /// Feed back: the one place a failed attempt's outcome reaches the
     /// upstream's health, its learned limit, the other replicas and this
     /// request's view of its targets.
-    fn feed_back(&mut self, ti: TargetId, outcome: &Outcome, held: u32) {
+    fn feed_back(&mut self, ti: TargetId, outcome: &Outcome) {
         let index = self.targets.upstream(ti);
         let gw = &self.job.gw;
         let upstream = &gw.upstreams[index];
@@ -575,7 +570,12 @@ impl<'a> Run<'a> {
             gw.tasks.spawn(async move { shared.announce(&name, kind, left).await });
         }
         if outcome.class == Class::Capacity && outcome.concurrency {
-            upstream.limiter.on_concurrency_error(held);
+            // The slots held as the answer comes back, the refused one's
+            // included (its permit is not dropped yet): every request the
+            // provider had accepted when it refused is still among them
+            // (the count when this one took its slot is not a bound:
+            // requests sent together arrive in any order).
+            upstream.limiter.on_concurrency_error(upstream.limiter.in_flight());
         }
         if matches!(outcome.class, Class::Auth | Class::Entitlement) {
             self.targets.exclude(ti);
