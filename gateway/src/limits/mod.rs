@@ -15,6 +15,13 @@
 //! `adaptive_max` but, for [`ADAPTIVE_MEMORY`] after the refusal, never
 //! back to the level that was refused: a hard cap is learned once, not
 //! probed again every few requests.
+//!
+//! With a `slot_release_delay`, a refusal that meets a slot a delayed
+//! release has just handed over says the provider still counted that
+//! session: the release came early, not that the cap is lower. Such a
+//! refusal lengthens the delay by a margin (see [`Limiter::release_margin`])
+//! instead of lowering the limit, a few times at most; after that,
+//! refusals lower the limit as any other.
 
 pub mod fair;
 pub mod gcra;
@@ -140,6 +147,13 @@ pub struct Limiter {
     refused: Mutex<Option<(u32, Instant)>>,
     /// A temporary lower cap (0: none), e.g. a client key's penalty.
     ceiling: AtomicU32,
+    /// Microseconds added to `slot_release_delay`, learned from refusals
+    /// that met a slot a delayed release had just freed. Two clocks that
+    /// count the same delay (the provider's and this one) disagree by a
+    /// millisecond or so; which one ends first is a coin toss, and every
+    /// toss lost is a refusal. Grows by [`margin_step`], up to
+    /// [`margin_cap`]; never shrinks (a delay a little long costs little).
+    margin_us: std::sync::atomic::AtomicU64,
     /// An answer came back (see [`LimitConfig::prove_first`]).
     proven: std::sync::atomic::AtomicBool,
     queue: Mutex<Queue>,
@@ -169,6 +183,12 @@ pub struct Permit {
     /// Its attempt was refused for concurrency (see
     /// [`Permit::refused_for_concurrency`]).
     concurrency_refused: bool,
+    /// Its slot was handed over by a delayed release (see
+    /// [`Limiter::release_margin`]).
+    after_delayed_release: bool,
+    /// Its refusal was put down to that release coming early: it lowers
+    /// no limit, here or shared.
+    early_release: bool,
 }
 
 impl Permit {
@@ -197,19 +217,26 @@ impl Permit {
 }
 
 impl Permit {
-    /// Its attempt was refused with "concurrency limit": when it drops,
-    /// the shared limit is lowered to the other leases held then (as the
-    /// local one is to the other slots), its lease given back, and its
-    /// slot freed without `slot_release_delay` (the provider opened no
-    /// session for it).
+    /// Its attempt was refused with "concurrency limit", as this permit
+    /// still holds its slot. The local limit is lowered now, to the other
+    /// slots held (every request the provider had accepted when it
+    /// refused is still among them; the count when this one took its slot
+    /// is no bound, as requests sent together arrive in any order). When
+    /// it drops, the shared limit is lowered the same way, its lease given
+    /// back, and its slot freed without `slot_release_delay` (the provider
+    /// opened no session for it). A refusal put down to an early release
+    /// lowers nothing (see [`Limiter::release_margin`]).
     pub fn refused_for_concurrency(&mut self) {
         self.concurrency_refused = true;
+        let held = self.limiter.in_flight();
+        self.early_release = !self.limiter.on_concurrency_error(held, self.after_delayed_release);
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.concurrency_refused
+            && !self.early_release
             && self.limiter.config.adaptive
             && let (Some(lease), Some(shared)) = (self.shared.take(), &self.limiter.shared)
         {
@@ -232,7 +259,7 @@ impl Drop for Permit {
         if let Some(lease) = self.lease.take() {
             // A refused request opened no session upstream: nothing to
             // wait for before its slot is free again.
-            let delay = if self.concurrency_refused { Duration::ZERO } else { self.limiter.config.slot_release_delay };
+            let delay = if self.concurrency_refused { Duration::ZERO } else { self.limiter.release_delay() };
             self.limiter.clone().release(lease, self.shared.take(), delay);
         }
     }
@@ -244,6 +271,19 @@ const MINUTE: Duration = Duration::from_secs(60);
 /// back to the level that was refused before this much time without a
 /// refusal has passed (then it probes upward again, slowly).
 pub const ADAPTIVE_MEMORY: Duration = Duration::from_secs(600);
+
+/// How much one refusal after an early release adds to the release
+/// margin: a thirtieth of the delay (10 ms of 300 ms), at least 1 ms.
+fn margin_step(delay: Duration) -> Duration {
+    (delay / 30).max(Duration::from_millis(1))
+}
+
+/// The most the release margin grows to: a tenth of the delay, so about
+/// three refusals are put down to early releases before refusals lower the
+/// limit again (a provider whose cap really dropped costs three refusals).
+fn margin_cap(delay: Duration) -> Duration {
+    (delay / 10).max(margin_step(delay))
+}
 
 /// A rate reservation not yet used by a slot: a request refused at its
 /// deadline, shed by a full queue or abandoned by its client while it
@@ -312,6 +352,7 @@ impl Limiter {
             effective: Mutex::new(start),
             refused: Mutex::new(None),
             ceiling: AtomicU32::new(0),
+            margin_us: std::sync::atomic::AtomicU64::new(0),
             proven: std::sync::atomic::AtomicBool::new(!config.prove_first),
             queue: Mutex::new(Queue { fair: Fair::new(config.batch_share), last_release: None, drain_per_sec: 0.0 }),
             slots: MemorySlots::default(),
@@ -512,6 +553,8 @@ impl Limiter {
                     tokens,
                     unleased: false,
                     concurrency_refused: false,
+                    after_delayed_release: false,
+                    early_release: false,
                 });
             }
             if q.fair.len() >= self.config.max_queue {
@@ -544,10 +587,17 @@ impl Limiter {
     /// the refusal comes back, the refused request's included: lower the
     /// effective limit to the others (what the provider accepted, plus any
     /// sent after the refused one, which a later refusal corrects; floor 1).
-    pub fn on_concurrency_error(&self, held: u32) {
+    /// `after_delayed_release`: the refused request's slot was handed over
+    /// by a delayed release; if the margin may still grow, the refusal is
+    /// put down to that release and lowers nothing. Returns whether the
+    /// limit was lowered (or would have been, adaptive off).
+    pub fn on_concurrency_error(&self, held: u32, after_delayed_release: bool) -> bool {
         self.prove();
+        if after_delayed_release && self.widen_margin() {
+            return false;
+        }
         if !self.config.adaptive {
-            return;
+            return true;
         }
         // The shared limit is lowered when the refused attempt's permit
         // drops (see [`Permit::refused_for_concurrency`]).
@@ -566,6 +616,37 @@ impl Limiter {
                 *eff = lowered;
             }
         }
+        true
+    }
+
+    /// `slot_release_delay` plus the margin learned (see
+    /// [`Limiter::release_margin`]).
+    fn release_delay(&self) -> Duration {
+        let delay = self.config.slot_release_delay;
+        if delay.is_zero() { delay } else { delay + self.release_margin() }
+    }
+
+    /// What is added to `slot_release_delay` now: grown by a refusal that
+    /// met a slot a delayed release had just handed over (the provider
+    /// still counted that session), by [`margin_step`] each time, up to
+    /// [`margin_cap`] — at most a few refusals are put down to it.
+    pub fn release_margin(&self) -> Duration {
+        Duration::from_micros(self.margin_us.load(Ordering::Acquire))
+    }
+
+    /// Widens the release margin by a step if it may still grow; says
+    /// whether it did.
+    fn widen_margin(&self) -> bool {
+        let delay = self.config.slot_release_delay;
+        let (step, cap) = (margin_step(delay).as_micros() as u64, margin_cap(delay).as_micros() as u64);
+        let widened = self
+            .margin_us
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |m| (m < cap).then(|| (m + step).min(cap)));
+        if let Ok(before) = widened {
+            let after = Duration::from_micros((before + step).min(cap));
+            tracing::info!(?delay, margin = ?after, "a refusal met a slot just released: slot release delay lengthened");
+        }
+        widened.is_ok()
     }
 
     /// A request succeeded: let the limit grow back slowly (additive).
@@ -636,7 +717,7 @@ impl Limiter {
     fn release(self: Arc<Self>, lease: Lease, shared: Option<SharedLease>, delay: Duration) {
         if delay.is_zero() {
             drop(shared);
-            self.give_back(lease);
+            self.give_back(lease, false);
             return;
         }
         // The upstream keeps the session open a while after the answer:
@@ -645,11 +726,11 @@ impl Limiter {
         tasks.spawn(async move {
             tokio::time::sleep(delay).await;
             drop(shared);
-            self.give_back(lease);
+            self.give_back(lease, true);
         });
     }
 
-    fn give_back(&self, lease: Lease) {
+    fn give_back(&self, lease: Lease, delayed: bool) {
         self.slots.give_back(lease);
         if let Ok(mut q) = self.queue.lock() {
             let now = Instant::now();
@@ -658,11 +739,17 @@ impl Limiter {
                 q.drain_per_sec = 0.8 * q.drain_per_sec + 0.2 / dt;
             }
         }
-        self.dispatch();
+        self.hand_over(delayed);
     }
 
     /// Hands free slots to waiters, in the order of [`fair`].
     fn dispatch(&self) {
+        self.hand_over(false);
+    }
+
+    /// [`Limiter::dispatch`], marking the permits when a delayed release
+    /// freed their slots.
+    fn hand_over(&self, after_delayed_release: bool) {
         let Ok(mut q) = self.queue.lock() else { return };
         while !q.fair.is_empty() {
             let Some(lease) = self.slots.try_take(self.effective_limit()) else { break };
@@ -681,6 +768,8 @@ impl Limiter {
                 tokens: 0,
                 unleased: false,
                 concurrency_refused: false,
+                after_delayed_release,
+                early_release: false,
             };
             if let Err(mut unsent) = waiter.tx.send(permit) {
                 // The waiter left: take the slot back without re-entering.
@@ -788,9 +877,9 @@ mod tests {
         let l = Limiter::new(LimitConfig::default());
         assert_eq!(l.effective_limit(), u32::MAX, "no refusal yet: no limit");
         // Refused with 8 held (this one included): 7 were accepted.
-        l.on_concurrency_error(8);
+        l.on_concurrency_error(8, false);
         assert_eq!(l.effective_limit(), 7);
-        l.on_concurrency_error(2);
+        l.on_concurrency_error(2, false);
         assert_eq!(l.effective_limit(), 1);
         for _ in 0..3 {
             l.on_success();
@@ -798,15 +887,57 @@ mod tests {
         // Additive increase, slowly, and never back to the refused level 2.
         assert_eq!(l.effective_limit(), 1, "grew back to a level the provider refused");
         let fixed = limiter(3);
-        fixed.on_concurrency_error(2);
+        fixed.on_concurrency_error(2, false);
         assert_eq!(fixed.effective_limit(), 3, "adaptive off keeps the declared limit");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_right_after_a_delayed_release_lengthens_the_delay_not_the_limit() {
+        let delay = Duration::from_millis(300);
+        let l = Limiter::new(LimitConfig { slot_release_delay: delay, ..Default::default() });
+        l.on_concurrency_error(4, false);
+        assert_eq!(l.effective_limit(), 3);
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(l.acquire(&Who::plain("a"), 1, far()).await.unwrap());
+        }
+        let (l2, waiter) = (l.clone(), Who::plain("b"));
+        let next = tokio::spawn(async move { l2.acquire(&waiter, 1, far()).await });
+        tokio::task::yield_now().await;
+        drop(held.pop());
+        // The provider's clock ran a little longer than this one: the
+        // request that got the freed slot is refused.
+        let mut refused = next.await.unwrap().unwrap();
+        assert!(refused.after_delayed_release);
+        refused.refused_for_concurrency();
+        assert_eq!(l.effective_limit(), 3, "an early release lowered the learned limit");
+        assert_eq!(l.release_margin(), Duration::from_millis(10));
+        drop(refused);
+        assert_eq!(l.in_flight(), 2, "a refused request's slot frees at once");
+        // Releases wait the delay and the margin now.
+        drop(held.pop());
+        tokio::time::sleep(delay + Duration::from_millis(5)).await;
+        assert_eq!(l.in_flight(), 2, "freed before the margin");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(l.in_flight(), 1);
+        // A few refusals are put down to early releases, not more: a cap
+        // that really dropped is learned after them.
+        assert!(!l.on_concurrency_error(3, true));
+        assert!(!l.on_concurrency_error(3, true));
+        assert_eq!(l.release_margin(), Duration::from_millis(30));
+        assert!(l.on_concurrency_error(3, true));
+        assert_eq!(l.effective_limit(), 2);
+        // A refusal not after a delayed release lowers the limit at once.
+        let plain = Limiter::new(LimitConfig { slot_release_delay: delay, ..Default::default() });
+        assert!(plain.on_concurrency_error(4, false));
+        assert_eq!((plain.effective_limit(), plain.release_margin()), (3, Duration::ZERO));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_learned_cap_is_kept_then_probed_again_after_the_memory() {
         let l = Limiter::new(LimitConfig::default());
         // Refused with 4 held: the cap is 3.
-        l.on_concurrency_error(4);
+        l.on_concurrency_error(4, false);
         assert_eq!(l.effective_limit(), 3);
         for _ in 0..100 {
             l.on_success();

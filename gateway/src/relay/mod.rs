@@ -255,11 +255,11 @@ async fn attempts(job: &Job) -> Relayed {
         // A refused attempt generated nothing: its token estimate comes
         // back whole (a retried request reserves again for its next try).
         permit.settle(0);
+        // What the answer says of the upstream first (a lowered limit, a
+        // bench), then the slot: a request waiting for it sees the news.
         if outcome.class == Class::Capacity && outcome.concurrency {
             permit.refused_for_concurrency();
         }
-        // What the answer says of the upstream first (a bench, a lowered
-        // limit), then the slot: a request waiting for it sees the news.
         run.feed_back(ti, &outcome);
         drop(permit);
         let decision = run.decide(ti, &outcome);
@@ -568,14 +568,6 @@ impl<'a> Run<'a> {
         {
             let (shared, name) = (shared.clone(), upstream.config.name.clone());
             gw.tasks.spawn(async move { shared.announce(&name, kind, left).await });
-        }
-        if outcome.class == Class::Capacity && outcome.concurrency {
-            // The slots held as the answer comes back, the refused one's
-            // included (its permit is not dropped yet): every request the
-            // provider had accepted when it refused is still among them
-            // (the count when this one took its slot is not a bound:
-            // requests sent together arrive in any order).
-            upstream.limiter.on_concurrency_error(upstream.limiter.in_flight());
         }
         if matches!(outcome.class, Class::Auth | Class::Entitlement) {
             self.targets.exclude(ti);
