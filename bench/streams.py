@@ -1,9 +1,13 @@
 """Many concurrent token streams (run by bench/streams.sh).
 
 N streams, one connection each, opened evenly over one second (N new
-streams per second), each 200 chat chunks (SSE) written by the upstream on
-a fixed schedule: N = 1,000 with an event every 20 ms and N = 5,000 every
-100 ms, 50,000 events per second offered either way. Through nginx at its
+streams per second), each EVENTS (100) chat chunks (SSE) written by the
+upstream on a fixed schedule: N = 1,000 with an event every 50 ms and
+N = 5,000 every 250 ms, 20,000 events per second offered either way. (At
+50,000 a second, 20 and 100 ms apart, this 2-core machine saturates
+nginx's core and the generators' one: even the direct run's events were
+35 ms late, and time figures measure the saturation. INTERVALS=20,100
+EVENTS=200 runs that.) Through nginx at its
 best (1 worker, `access_log off`, upstream keep-alive, `proxy_buffering
 off`), the bare hyper proxy (examples/bare_proxy.rs, its pool never handing
 out a connection whose answer is still streaming), and tidegate at its
@@ -15,8 +19,10 @@ Per run: CPU per event (the proxy's CPU time over the run, every thread,
 divided by the events relayed), time to first event p50/p99 (request
 written → first event read), each event's delay from the upstream's write
 to the client's read p50/p99, and memory per open stream (peak private
-memory, RssAnon, during the run minus before it, over N). Medians of REPS
-(3) interleaved repetitions; ratios against nginx in the same run.
+memory, RssAnon, during the run minus before it, over N; each proxy is
+started fresh for each run, so memory an earlier run left in its
+allocator does not hide this one's). Medians of REPS (3) interleaved
+repetitions; ratios against nginx in the same run.
 ONLY=1000 or 5000 runs one size.
 """
 
@@ -31,8 +37,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import run  # noqa: E402  (helpers: start, stop, wait_port, cpu_ns, AnonPeak, status_kib, nginx_conf, TMP, BIN)
 
 REPS = int(os.environ.get("REPS", 3))
-SIZES = [(1000, 20), (5000, 100)]
-EVENTS, RAMP_MS = 200, 1000
+INTERVALS = [int(x) for x in os.environ.get("INTERVALS", "50,250").split(",")]
+SIZES = list(zip([1000, 5000], INTERVALS))
+EVENTS, RAMP_MS = int(os.environ.get("EVENTS", 100)), 1000
 UP, NGINX, BARE, GW = 19600, 19601, 19602, 19603
 STREAMS_BIN = os.path.abspath("target/release/examples/streams")
 BARE_BIN = os.path.abspath("target/release/examples/bare_proxy")
@@ -61,6 +68,26 @@ def measure(name, port, pid, n):
     return r
 
 
+def fresh_proxy(name, cfg, nginx_cfg, env):
+    """A fresh proxy (its memory figure is its own run's, not what an
+    earlier run left in its allocator): (process, pid measured, port)."""
+    if name == "nginx":
+        p = run.start(["nginx", "-c", nginx_cfg, "-g", "daemon off;"], 0, log="nginx.log")
+        port = NGINX
+    elif name == "bare hyper proxy":
+        p = run.start([BARE_BIN, f"127.0.0.1:{BARE}", f"127.0.0.1:{UP}"], 0, log="bare.log")
+        port = BARE
+    else:
+        out = open(os.path.join(run.TMP, "tidegate.log"), "a")
+        p = subprocess.Popen(["taskset", "-c", "0", run.BIN, "serve", "--config", cfg], cwd=os.path.dirname(cfg),
+                             stdout=out, stderr=out, env=env)
+        port = GW
+    run.wait_port(port)
+    time.sleep(0.3)
+    pid = run.nginx_worker_pid(p.pid) if name == "nginx" else p.pid
+    return p, pid, port
+
+
 def main():
     only = os.environ.get("ONLY")
     sizes = [s for s in SIZES if not only or str(s[0]) == only]
@@ -73,43 +100,34 @@ def main():
                 "models:\n  bench: { targets: [{ upstream: up }] }\n")
     nginx_cfg = run.nginx_conf("nginx-streams.conf", NGINX, UP, "off")
     env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
-    procs = []
+    names = ["direct", "nginx", "bare hyper proxy", "tidegate"]
     results = {}
-    try:
-        nginx = run.start(["nginx", "-c", nginx_cfg, "-g", "daemon off;"], 0, log="nginx.log")
-        bare = run.start([BARE_BIN, f"127.0.0.1:{BARE}", f"127.0.0.1:{UP}"], 0, log="bare.log")
-        out = open(os.path.join(run.TMP, "tidegate.log"), "w")
-        gw = subprocess.Popen(["taskset", "-c", "0", run.BIN, "serve", "--config", cfg], cwd=cfg_dir,
-                              stdout=out, stderr=out, env=env)
-        procs += [nginx, bare, gw]
-        for port in (NGINX, BARE, GW):
-            run.wait_port(port)
-        time.sleep(0.5)
-        pids = {"nginx": run.nginx_worker_pid(nginx.pid), "bare hyper proxy": bare.pid, "tidegate": gw.pid}
-        ports = {"direct": UP, "nginx": NGINX, "bare hyper proxy": BARE, "tidegate": GW}
-        for n, interval in sizes:
-            upstream = run.start([STREAMS_BIN, "upstream", f"127.0.0.1:{UP}", str(EVENTS), str(interval)], 1,
-                                 log=f"upstream-{n}.log")
-            try:
-                run.wait_port(UP)
-                print(f"# {n} streams × {EVENTS} events {interval} ms apart ({REPS} reps; logs in {run.TMP})",
-                      file=sys.stderr)
-                load(UP, 100)  # warm-up
-                for name, port in ports.items():
-                    if name != "direct":
-                        load(port, 100)
-                res = {name: [] for name in ports}
-                for rep in range(REPS):
-                    for name, port in ports.items():
-                        r = measure(name, port, pids.get(name), n)
-                        print(f"  rep {rep + 1} {name}: {json.dumps(r)}", file=sys.stderr)
-                        res[name].append(r)
-                results[n] = res
-            finally:
-                run.stop([upstream])
-                time.sleep(1)
-    finally:
-        run.stop(procs)
+    for n, interval in sizes:
+        upstream = run.start([STREAMS_BIN, "upstream", f"127.0.0.1:{UP}", str(EVENTS), str(interval)], 1,
+                             log=f"upstream-{n}.log")
+        try:
+            run.wait_port(UP)
+            print(f"# {n} streams × {EVENTS} events {interval} ms apart ({REPS} reps; logs in {run.TMP})",
+                  file=sys.stderr)
+            load(UP, 100)  # warm-up
+            res = {name: [] for name in names}
+            for rep in range(REPS):
+                for name in names:
+                    if name == "direct":
+                        r = measure(name, UP, None, n)
+                    else:
+                        p, pid, port = fresh_proxy(name, cfg, nginx_cfg, env)
+                        try:
+                            load(port, 100)  # warm-up: connections, code paths
+                            r = measure(name, port, pid, n)
+                        finally:
+                            run.stop([p])
+                    print(f"  rep {rep + 1} {name}: {json.dumps(r)}", file=sys.stderr)
+                    res[name].append(r)
+            results[n] = res
+        finally:
+            run.stop([upstream])
+            time.sleep(1)
 
     for n, interval in sizes:
         res = results[n]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Many concurrent token streams: 1,000 and 5,000 streams of 200 events
-# (50,000 events/s either way) through nginx at its best, the bare hyper
+# Many concurrent token streams: 1,000 and 5,000 streams of 100 events
+# (20,000 events/s either way) through nginx at its best, the bare hyper
 # proxy and tidegate at its defaults, on one pinned core; CPU per event,
 # time to first event, each event's delay and memory per open stream,
 # medians of REPS (3). ONLY=1000|5000 runs one size.

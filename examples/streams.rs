@@ -81,7 +81,7 @@ async fn one(target: String) -> (bool, Option<u32>, Vec<u32>) {
     };
     tokio::spawn(conn);
     let req = Request::post("/v1/chat/completions")
-        .header("host", "bench")
+        .header("host", &target)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from_static(BODY.as_bytes())))
         .unwrap();

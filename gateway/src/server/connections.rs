@@ -15,13 +15,14 @@
 //! when its answer's last byte has been handed to hyper ([`Tracked`]).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use atomic_waker::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// One client connection's state, shared by its task and its requests.
 #[derive(Debug)]
@@ -30,8 +31,50 @@ pub struct Conn {
     busy: AtomicU32,
     /// When it last became idle, as a tick of [`CLOCK`].
     idle_since: AtomicU64,
-    /// Cancelled when the connection is asked to give way.
-    shed: CancellationToken,
+    /// Set when the connection is asked to give way.
+    shed: Shed,
+}
+
+/// "Give way", said once to one connection's task. Not a
+/// `CancellationToken`: the connection's task checks it every time it is
+/// polled (every event of a stream), and a token's check takes two locks
+/// (its own and its `Notify`'s); this one is an atomic load and, while
+/// not asked, the waker's registration (an atomic swap).
+#[derive(Debug, Default)]
+struct Shed {
+    asked: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Shed {
+    fn ask(&self) {
+        self.asked.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn asked(&self) -> bool {
+        self.asked.load(Ordering::Acquire)
+    }
+}
+
+/// Resolves when its connection is asked to give way.
+#[derive(Debug)]
+pub struct GiveWay {
+    conn: Arc<Conn>,
+}
+
+impl Future for GiveWay {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let shed = &self.conn.shed;
+        if shed.asked() {
+            return Poll::Ready(());
+        }
+        shed.waker.register(cx.waker());
+        // Asked between the check and the registration: seen now.
+        if shed.asked() { Poll::Ready(()) } else { Poll::Pending }
+    }
 }
 
 /// Ticks when a connection opens or falls idle: a counter, since only
@@ -52,11 +95,8 @@ pub struct Registry {
 impl Registry {
     /// Registers a new connection (idle until its first request).
     pub fn open(self: &Arc<Self>) -> Registered {
-        let conn = Arc::new(Conn {
-            busy: AtomicU32::new(0),
-            idle_since: AtomicU64::new(tick()),
-            shed: CancellationToken::new(),
-        });
+        let conn =
+            Arc::new(Conn { busy: AtomicU32::new(0), idle_since: AtomicU64::new(tick()), shed: Shed::default() });
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut open) = self.open.lock() {
             open.insert(id, conn.clone());
@@ -70,11 +110,11 @@ impl Registry {
         let Ok(open) = self.open.lock() else { return false };
         let oldest = open
             .values()
-            .filter(|c| c.busy.load(Ordering::Acquire) == 0 && !c.shed.is_cancelled())
+            .filter(|c| c.busy.load(Ordering::Acquire) == 0 && !c.shed.asked())
             .min_by_key(|c| c.idle_since.load(Ordering::Relaxed));
         match oldest {
             Some(conn) => {
-                conn.shed.cancel();
+                conn.shed.ask();
                 true
             }
             None => false,
@@ -97,8 +137,8 @@ impl Registered {
     }
 
     /// Resolves when the connection is asked to give way.
-    pub fn shed(&self) -> WaitForCancellationFutureOwned {
-        self.conn.shed.clone().cancelled_owned()
+    pub fn shed(&self) -> GiveWay {
+        GiveWay { conn: self.conn.clone() }
     }
 }
 
@@ -224,11 +264,11 @@ mod tests {
         b.conn.busy.fetch_add(1, Ordering::AcqRel);
         drop(in_b);
         assert!(registry.shed_oldest_idle());
-        assert!(c.conn.shed.is_cancelled() && !b.conn.shed.is_cancelled() && !a.conn.shed.is_cancelled());
+        assert!(c.conn.shed.asked() && !b.conn.shed.asked() && !a.conn.shed.asked());
         assert!(registry.shed_oldest_idle());
-        assert!(b.conn.shed.is_cancelled());
+        assert!(b.conn.shed.asked());
         assert!(!registry.shed_oldest_idle(), "the busy one stays");
-        assert!(!a.conn.shed.is_cancelled());
+        assert!(!a.conn.shed.asked());
         drop((b, c));
         assert_eq!(registry.open.lock().unwrap().len(), 1);
     }

@@ -19,9 +19,8 @@ use hyper_util::service::TowerToHyperService;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use super::connections::{Registered, Registry, Tracked};
+use super::connections::{GiveWay, Registered, Registry, Tracked};
 
 const BACKLOG: i32 = 4096;
 
@@ -164,7 +163,7 @@ pin_project_lite::pin_project! {
         #[pin]
         connection: C,
         #[pin]
-        shed: WaitForCancellationFutureOwned,
+        shed: GiveWay,
         shedding: bool,
         _held: (Registered, OwnedSemaphorePermit),
     }

@@ -103,7 +103,12 @@ impl Scanner {
 /// lets the protocol say what it is; counts content and keeps the first
 /// error's data.
 fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> Kind {
-    let text = String::from_utf8_lossy(raw);
+    // Valid UTF-8 (nearly always) is checked by the fast path and
+    // borrowed; only invalid bytes take the lossy copy.
+    let text = match std::str::from_utf8(raw) {
+        Ok(valid) => Cow::Borrowed(valid),
+        Err(_) => String::from_utf8_lossy(raw),
+    };
     let mut name: Option<&str> = None;
     // Nearly every event has one `data:` line: borrowed, no list; a second
     // line makes it owned, joined by newlines.
