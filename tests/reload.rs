@@ -154,6 +154,16 @@ async fn a_reload_under_load_fails_nothing_and_applies_at_once() {
     assert_eq!(by_model.get("more").map(String::as_str), Some("extra"), "{by_model:?}");
 }
 
+/// Waits (up to 6 s) until a spawned tidegate at `base` answers.
+async fn until_healthy(base: &str) {
+    for _ in 0..300 {
+        if client().get(format!("{base}/healthz")).send().await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn an_invalid_config_changes_nothing() {
     let sim = simulator();
@@ -281,12 +291,7 @@ async fn a_command_line_listen_survives_a_reload() {
         .spawn()
         .unwrap();
     let base = format!("http://{addr}");
-    for _ in 0..300 {
-        if client().get(format!("{base}/healthz")).send().await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_healthy(&base).await;
     let resp = client().post(format!("{base}/admin/reload")).bearer_auth("adm").send().await.unwrap();
     let v: serde_json::Value = resp.json().await.unwrap();
     let _ = child.kill();
@@ -303,28 +308,13 @@ async fn a_command_line_listen_survives_a_reload() {
 #[tokio::test]
 async fn the_descriptor_table_is_grown_at_start_not_during_the_first_burst() {
     let sim = simulator();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tidegate.yaml");
-    let text = format!("max_connections: 3000\n{}", config_text(&sim, "  - { name: alice, key: k-alice }", "", ""));
-    std::fs::write(&path, text).unwrap();
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
-        .args(["serve", "--listen", &addr.to_string(), "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let base = format!("http://{addr}");
-    for _ in 0..300 {
-        if client().get(format!("{base}/healthz")).send().await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-    let _ = child.kill();
-    let _ = child.wait();
+    let proc = Process::spawn(|addr, _| {
+        let text = config_text(&sim, "  - { name: alice, key: k-alice }", "", "").replace("127.0.0.1:0", addr);
+        format!("max_connections: 3000\n{text}")
+    });
+    until_healthy(&proc.base()).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", proc.child.id())).unwrap_or_default();
+    drop(proc);
     let fd_size: u64 =
         status.lines().find_map(|l| l.strip_prefix("FDSize:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
     // What it asks for: 2 × 3,000 + 1,024, within the hard limit it may raise to.

@@ -180,15 +180,24 @@ pub struct Permit {
     tokens: u64,
     /// Counted in [`Limiter::unleased`] until dropped.
     unleased: bool,
-    /// Its attempt was refused for concurrency (see
-    /// [`Permit::refused_for_concurrency`]).
-    concurrency_refused: bool,
     /// Its slot was handed over by a delayed release (see
     /// [`Limiter::release_margin`]).
     after_delayed_release: bool,
-    /// Its refusal was put down to that release coming early: it lowers
-    /// no limit, here or shared.
-    early_release: bool,
+    /// What the provider said of its attempt (see
+    /// [`Permit::refused_for_concurrency`]).
+    refusal: Refusal,
+}
+
+/// A permit's attempt and the provider's concurrency limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Not refused for concurrency.
+    None,
+    /// Refused: the limits are lowered (the shared one when it drops).
+    LowersLimit,
+    /// Refused right after a delayed release handed over its slot: put
+    /// down to that release coming early; it lowers no limit.
+    EarlyRelease,
 }
 
 impl Permit {
@@ -227,16 +236,15 @@ impl Permit {
     /// opened no session for it). A refusal put down to an early release
     /// lowers nothing (see [`Limiter::release_margin`]).
     pub fn refused_for_concurrency(&mut self) {
-        self.concurrency_refused = true;
         let held = self.limiter.in_flight();
-        self.early_release = !self.limiter.on_concurrency_error(held, self.after_delayed_release);
+        let lowered = self.limiter.on_concurrency_error(held, self.after_delayed_release);
+        self.refusal = if lowered { Refusal::LowersLimit } else { Refusal::EarlyRelease };
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if self.concurrency_refused
-            && !self.early_release
+        if self.refusal == Refusal::LowersLimit
             && self.limiter.config.adaptive
             && let (Some(lease), Some(shared)) = (self.shared.take(), &self.limiter.shared)
         {
@@ -259,7 +267,7 @@ impl Drop for Permit {
         if let Some(lease) = self.lease.take() {
             // A refused request opened no session upstream: nothing to
             // wait for before its slot is free again.
-            let delay = if self.concurrency_refused { Duration::ZERO } else { self.limiter.release_delay() };
+            let delay = if self.refusal == Refusal::None { self.limiter.release_delay() } else { Duration::ZERO };
             self.limiter.clone().release(lease, self.shared.take(), delay);
         }
     }
@@ -552,9 +560,8 @@ impl Limiter {
                     shared: None,
                     tokens,
                     unleased: false,
-                    concurrency_refused: false,
                     after_delayed_release: false,
-                    early_release: false,
+                    refusal: Refusal::None,
                 });
             }
             if q.fair.len() >= self.config.max_queue {
@@ -767,9 +774,8 @@ impl Limiter {
                 shared: None,
                 tokens: 0,
                 unleased: false,
-                concurrency_refused: false,
                 after_delayed_release,
-                early_release: false,
+                refusal: Refusal::None,
             };
             if let Err(mut unsent) = waiter.tx.send(permit) {
                 // The waiter left: take the slot back without re-entering.
