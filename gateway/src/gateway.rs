@@ -72,6 +72,11 @@ pub struct Gateway {
     /// protocol's error event, requests still waiting are answered 503
     /// (one token for every generation of the config).
     pub closing: CancellationToken,
+    /// Held while a request chooses between targets and counts itself on
+    /// the one it chose ([`crate::relay::targets::Targets::pick`]): two
+    /// requests arriving at once on two runtime threads would otherwise
+    /// both read the same loads and pile onto the same account.
+    pub picking: std::sync::Mutex<()>,
     /// The shared store, when configured.
     shared: Option<Arc<SharedState>>,
 }
@@ -200,6 +205,7 @@ impl Gateway {
             kept,
             draining: AtomicBool::new(false),
             closing: previous.map(|p| p.closing.clone()).unwrap_or_default(),
+            picking: std::sync::Mutex::new(()),
             shared,
             config,
         })

@@ -162,6 +162,21 @@ pub struct Limiter {
     /// store was down. Until they are back, this replica keeps to its
     /// share (see [`Limiter::effective_limit`]).
     unleased: AtomicU32,
+    /// Requests that chose this upstream and have not yet taken (or given
+    /// up) its slot: counted in [`Limiter::load`], so that two picks at
+    /// once (one per runtime thread) do not both see the same account as
+    /// the least loaded one.
+    arriving: AtomicU32,
+}
+
+/// A request on its way from the pick to this limiter's slot (see
+/// [`Limiter::arrive`]); dropping it ends the count.
+pub struct Arriving<'a>(&'a Limiter);
+
+impl Drop for Arriving<'_> {
+    fn drop(&mut self) {
+        self.0.arriving.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// This limiter's part of the shared state: the store, the upstream's
@@ -367,6 +382,7 @@ impl Limiter {
             tasks: TaskTracker::new(),
             shared,
             unleased: AtomicU32::new(0),
+            arriving: AtomicU32::new(0),
             config,
         })
     }
@@ -721,6 +737,19 @@ impl Limiter {
         self.slots.taken()
     }
 
+    /// What a choice between accounts weighs: the slots taken and the
+    /// requests already on their way to one (see [`Limiter::arrive`]).
+    pub fn load(&self) -> u32 {
+        self.slots.taken() + self.arriving.load(Ordering::Acquire)
+    }
+
+    /// Counts a request that chose this upstream until the guard drops
+    /// (once it holds its slot, or gave up waiting for one).
+    pub fn arrive(&self) -> Arriving<'_> {
+        self.arriving.fetch_add(1, Ordering::AcqRel);
+        Arriving(self)
+    }
+
     fn release(self: Arc<Self>, lease: Lease, shared: Option<SharedLease>, delay: Duration) {
         if delay.is_zero() {
             drop(shared);
@@ -797,6 +826,18 @@ mod tests {
 
     fn far() -> Instant {
         Instant::now() + Duration::from_secs(60)
+    }
+
+    #[tokio::test]
+    async fn a_request_on_its_way_to_a_slot_counts_as_load_until_it_holds_it() {
+        let l = limiter(4);
+        let arriving = l.arrive();
+        assert_eq!((l.load(), l.in_flight()), (1, 0), "a pick on another thread would not see it");
+        let p = l.acquire(&Who::plain("a"), 1, far()).await.unwrap();
+        drop(arriving);
+        assert_eq!((l.load(), l.in_flight()), (1, 1));
+        drop(p);
+        assert_eq!(l.load(), 0);
     }
 
     #[tokio::test]

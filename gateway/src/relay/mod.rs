@@ -474,6 +474,7 @@ impl<'a> Run<'a> {
                 break got;
             }
         };
+        self.targets.arrived();
         let Some((ti, acquired)) = acquired else { return Err(self.closed(ti)) };
         let index = self.targets.upstream(ti);
         let upstream = &gw.upstreams[index];

@@ -82,6 +82,9 @@ pub struct Targets<'a> {
     moving_cost: std::time::Duration,
     /// The pick chose to wait for the bound target's next free slot.
     stay: bool,
+    /// The target picked last, counted in its upstream's load until its
+    /// slot is taken ([`Targets::arrived`]); only with more than one target.
+    arriving: Option<(usize, crate::limits::Arriving<'a>)>,
 }
 
 impl<'a> Targets<'a> {
@@ -117,6 +120,7 @@ impl<'a> Targets<'a> {
             bound,
             moving_cost: session.map_or(std::time::Duration::ZERO, |s| s.moving_cost),
             stay: false,
+            arriving: None,
         }
     }
 
@@ -160,7 +164,7 @@ impl<'a> Targets<'a> {
         self.gw
             .upstreams
             .get(self.route.targets[i].upstream)
-            .map_or(i64::MIN, |u| i64::from(u.limiter.effective_limit()) - i64::from(u.limiter.in_flight()))
+            .map_or(i64::MIN, |u| i64::from(u.limiter.effective_limit()) - i64::from(u.limiter.load()))
     }
 
     /// Where target `i`'s group starts (its own index outside a pool).
@@ -182,7 +186,7 @@ impl<'a> Targets<'a> {
                 let t = &self.route.targets[i];
                 self.gw.upstreams.get(t.upstream).map_or(f64::MAX, |u| {
                     let capacity = f64::from(t.weight) * f64::from(u.limiter.effective_limit());
-                    f64::from(u.limiter.in_flight()) / capacity
+                    f64::from(u.limiter.load()) / capacity
                 })
             };
             order.sort_by(|a, b| load(*a).total_cmp(&load(*b)));
@@ -199,6 +203,31 @@ impl<'a> Targets<'a> {
     /// if that is what it picks): the conversation's bound target first
     /// while it serves (see [`crate::affinity`]).
     pub fn pick(&mut self, now: Instant) -> Pick {
+        self.arriving = None;
+        // A choice of one needs no count.
+        if self.route.targets.len() == 1 {
+            return self.choose(now);
+        }
+        // Counted as load until its slot is taken, chosen and counted under
+        // one lock: a pick on another thread meanwhile sees it.
+        let _picking = self.gw.picking.lock();
+        let pick = self.choose(now);
+        if let Pick::Use(ti) = pick
+            && let Some(u) = self.gw.upstreams.get(self.route.targets[ti.index()].upstream)
+        {
+            self.arriving = Some((ti.index(), u.limiter.arrive()));
+        }
+        pick
+    }
+
+    /// The picked target has its slot (or will not get one): it no longer
+    /// counts as arriving.
+    pub fn arrived(&mut self) {
+        self.arriving = None;
+    }
+
+    /// [`Targets::pick`] without the count.
+    fn choose(&mut self, now: Instant) -> Pick {
         self.stay = false;
         // A pool's benched account whose probe is due gets it first: one
         // request finds out whether it serves again (and moves on at once
@@ -341,7 +370,9 @@ impl<'a> Targets<'a> {
 
     /// Whether target `i`'s account has a slot free now.
     pub fn has_room(&self, i: TargetId) -> bool {
-        self.room(i.index()) > 0
+        // This request's own arrival is not in the way of its slot.
+        let own = self.arriving.as_ref().is_some_and(|(a, _)| *a == i.index());
+        self.room(i.index()) + i64::from(own) > 0
     }
 
     /// What the benched targets left for this request say: each one's
