@@ -151,7 +151,7 @@ impl Report {
         }
     }
 
-    fn count(&self, outcome: Outcome, sink: &Sink) {
+    fn count(&self, outcome: Outcome, sink: &Sink, total: Duration) {
         for a in &self.attempts {
             sink.metrics.attempt(sink.names.get(a.upstream.index()).map_or("-", String::as_str), a.verdict.as_str());
         }
@@ -164,13 +164,13 @@ impl Report {
             model: self.model.as_deref(),
             queue_wait: self.queue_wait.as_secs_f64(),
             ttfb: self.ttfb.map(|d| d.as_secs_f64()),
-            total: self.started.elapsed().as_secs_f64(),
+            total: total.as_secs_f64(),
             tokens: (self.usage.input, self.usage.output),
         });
     }
 
     /// The journal's record; moves what the report owns (it is finished).
-    fn record(&mut self, outcome: Outcome, sink: &Sink) -> Record {
+    fn record(&mut self, outcome: Outcome, sink: &Sink, total: Duration) -> Record {
         let tokens = |n: Option<u64>| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
         let (n_attempts, first) = (self.attempts.len(), self.attempts.first().map(|a| a.upstream));
         let status = self.status;
@@ -196,7 +196,7 @@ impl Report {
             client: self.client.take(),
             model: self.model.take(),
             queue_us: micros(self.queue_wait),
-            total_us: micros(self.started.elapsed()),
+            total_us: micros(total),
             ttfb_us: self.ttfb.map(micros),
             tokens_in: tokens(self.usage.input),
             tokens_out: tokens(self.usage.output),
@@ -219,7 +219,9 @@ impl Report {
     /// and (last: the row takes the strings the report owns) its journal
     /// row.
     pub fn write(mut self, outcome: Outcome, sink: &Sink) {
-        self.count(outcome, sink);
+        // One clock read for the metrics, the log line and the row.
+        let total = self.started.elapsed();
+        self.count(outcome, sink, total);
         if self.counted_only {
             return;
         }
@@ -228,7 +230,7 @@ impl Report {
         }
         self.log_line(outcome, sink.journal.is_some(), sink.name(self.upstream).unwrap_or("-"));
         if let Some(journal) = &sink.journal {
-            let record = self.record(outcome, sink);
+            let record = self.record(outcome, sink, total);
             journal.record(record);
         }
     }

@@ -523,7 +523,7 @@ impl Limiter {
     pub async fn acquire(self: &Arc<Self>, who: &Who, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
         let tokens = self.tpm.as_ref().map_or(0, |tpm| tpm.bounded(tokens));
         let started = Instant::now();
-        let mut permit = self.acquire_local(who, tokens, deadline).await?;
+        let mut permit = self.acquire_local(who, tokens, deadline, started).await?;
         // Only a counted limit has leases to share (rate buckets are
         // shared in `rate_wait`).
         let counted = self.config.max_concurrent.is_some() || self.config.adaptive;
@@ -553,8 +553,13 @@ impl Limiter {
         }
     }
 
-    async fn acquire_local(self: &Arc<Self>, who: &Who, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
-        let started = Instant::now();
+    async fn acquire_local(
+        self: &Arc<Self>,
+        who: &Who,
+        tokens: u64,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<Permit, Refused> {
         let (wait, hold) = self.rate_wait(tokens, started).await;
         if !wait.is_zero() {
             if started + wait >= deadline {

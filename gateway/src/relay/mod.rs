@@ -444,13 +444,20 @@ impl<'a> Run<'a> {
         let gw = &self.job.gw;
         self.job.progress.attempt(self.targets.upstream(ti));
         let alone = self.targets.has_room(ti) || self.targets.staying(ti);
-        let members = if alone { vec![ti] } else { self.targets.pool_of(ti, now) };
+        // A lone target (the common case) needs no list of members.
+        let pooled = if alone { None } else { Some(self.targets.pool_of(ti, now)) };
         let (who, deadline) = (&self.job.who, self.job.deadline);
-        let acquired = if let [only] = members[..] {
+        let single = match pooled.as_deref() {
+            None => Some(ti),
+            Some(&[only]) => Some(only),
+            Some(_) => None,
+        };
+        let several = pooled.as_ref().is_some_and(|m| m.len() > 1);
+        let acquired = if let Some(only) = single {
             let limiter = &gw.upstreams[self.targets.upstream(only)].limiter;
             self.unless_closing(limiter.acquire(who, tokens, deadline)).await.map(|r| (only, r))
         } else {
-            let mut members = members.clone();
+            let mut members = pooled.unwrap_or_default();
             loop {
                 let waits = members
                     .iter()
@@ -481,7 +488,7 @@ impl<'a> Run<'a> {
         if self.targets.first_use(ti) {
             upstream.budget.record_request(now);
         }
-        if members.len() > 1 {
+        if several {
             self.job.progress.attempt(index);
         }
         match acquired {

@@ -13,12 +13,17 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, header};
 use http_body_util::BodyExt;
 
 use crate::error::GatewayError;
+
+/// A client's request body: hyper's own on the model endpoints (`Front`
+/// hands it over unboxed), axum's behind the router.
+pub(super) trait ClientBody: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin {}
+
+impl<B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin> ClientBody for B {}
 
 /// Request bodies up to this size are copied out of hyper's read buffer
 /// (see `handlers::unpinned`: held to the request's end they would pin
@@ -33,7 +38,12 @@ const DISCARD_AT_MOST: usize = 256 * 1024 * 1024;
 /// `limit` (a client trickling its body cannot hold a request open). An
 /// oversized body is read to its end (up to [`DISCARD_AT_MOST`]) and
 /// dropped, so the client reads the 413 instead of a reset connection.
-pub(super) async fn read(body: Body, headers: &HeaderMap, max: usize, limit: Duration) -> Result<Bytes, GatewayError> {
+pub(super) async fn read(
+    body: impl ClientBody,
+    headers: &HeaderMap,
+    max: usize,
+    limit: Duration,
+) -> Result<Bytes, GatewayError> {
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     let read = async {
@@ -78,6 +88,17 @@ pub(super) async fn read(body: Body, headers: &HeaderMap, max: usize, limit: Dur
             None => Bytes::from(frames.concat()),
         })
     };
+    // A body that came with its head (the usual small request) is read
+    // at the first poll, without arming a timer for it.
+    let mut read = std::pin::pin!(read);
+    let at_once = std::future::poll_fn(|cx| match read.as_mut().poll(cx) {
+        std::task::Poll::Ready(result) => std::task::Poll::Ready(Some(result)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await;
+    if let Some(result) = at_once {
+        return result;
+    }
     match tokio::time::timeout(limit, read).await {
         Ok(result) => result,
         Err(_) => Err(GatewayError::BodyTimeout { limit }),
@@ -88,7 +109,7 @@ pub(super) async fn read(body: Body, headers: &HeaderMap, max: usize, limit: Dur
 /// before using it, so the client reads the refusal (see the module's
 /// doc): up to [`DISCARD_AT_MOST`] bytes, within `limit`. Nothing is read
 /// when the client waits for `100 Continue` or sent no body.
-pub(super) async fn discard(body: Body, headers: &HeaderMap, limit: Duration) {
+pub(super) async fn discard(body: impl ClientBody, headers: &HeaderMap, limit: Duration) {
     let waits_for_continue =
         headers.get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     if waits_for_continue || http_body::Body::is_end_stream(&body) {

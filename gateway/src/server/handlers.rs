@@ -126,7 +126,11 @@ async fn refuse(gw: &Gateway, error: GatewayError, req: Request) -> Response {
 /// A model endpoint's request, from arrival to the answer's head:
 /// admission, routing, then the attempt loop, all owned by one
 /// [`Exchange`].
-pub(super) fn proxy(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> impl Future<Output = Response> + Send {
+pub(super) fn proxy(
+    gw: Arc<Gateway>,
+    endpoint: Endpoint,
+    req: http::Request<impl body::ClientBody + 'static>,
+) -> impl Future<Output = Response> + Send {
     // Not an `async fn`: it would keep the request twice in this future,
     // which lives as long as the request (see `relay::relay`); and the
     // request is taken apart before it, so the future holds its parts
@@ -250,7 +254,11 @@ fn commit_waiting(
 /// origin), then the body within `max_body` and `body_timeout`. A refused
 /// request's body is read and dropped first, so the client can read the
 /// refusal. Returns the key's name and the body.
-async fn admit(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<(Option<String>, bytes::Bytes), GatewayError> {
+async fn admit(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    body: impl body::ClientBody,
+) -> Result<(Option<String>, bytes::Bytes), GatewayError> {
     let admitted = match authenticate(&gw.config.client_keys, headers) {
         Ok(name) if !gw.config.client_keys.is_empty() => Ok(name),
         Ok(name) => local_only(headers, &gw.config.allowed_origins).map(|()| name).map_err(GatewayError::Forbidden),

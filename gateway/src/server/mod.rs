@@ -95,7 +95,6 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Front {
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
-        let req = req.map(axum::body::Body::new);
         if req.method() == http::Method::POST {
             let path = req.uri().path();
             let endpoint = Endpoint::FIXED
@@ -107,8 +106,10 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Front {
                 return Box::pin(async move { Ok(handlers::proxy(gw, endpoint, req).await) });
             }
         }
+        // The body is boxed for the router only: a model endpoint reads
+        // hyper's own.
         let router = self.router.clone();
-        Box::pin(tower::ServiceExt::oneshot(router, req))
+        Box::pin(tower::ServiceExt::oneshot(router, req.map(axum::body::Body::new)))
     }
 }
 

@@ -199,10 +199,11 @@ impl RelayBody {
     }
 
     fn new_detached(protocol: Protocol, upstream: (UpstreamId, &str)) -> Self {
+        let now = Instant::now();
         Self {
             inner: None,
             idle: Duration::ZERO,
-            last_frame: Instant::now(),
+            last_frame: now,
             timer: None,
             sse: None,
             ready: 0,
@@ -212,7 +213,7 @@ impl RelayBody {
             outcome: None,
             ended: None,
             resumes: 0,
-            resume_until: Instant::now(),
+            resume_until: now,
             asking: None,
             continuing: None,
             closing: None,

@@ -151,21 +151,37 @@ fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> 
 /// Token usage from the end of a JSON answer (`usage` is at or near the
 /// end for every protocol), without parsing the whole body.
 pub fn usage_in_json(tail: &[u8]) -> Usage {
-    use memchr::memmem::FinderRev;
+    use memchr::memmem::{Finder, FinderRev};
     use std::sync::LazyLock;
     // Searchers built once: this runs for every JSON answer. On bytes: the
-    // keys and digits are ASCII (no UTF-8 pass over the tail).
-    static KEYS: LazyLock<[FinderRev<'static>; 4]> = LazyLock::new(|| {
+    // keys and digits are ASCII (no UTF-8 pass over the tail). The counts
+    // are looked for after the last `"usage"` (a few dozen bytes, where
+    // every protocol puts them), and in the whole tail only without one.
+    static USAGE: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new("\"usage\""));
+    static KEYS: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
+        ["\"prompt_tokens\"", "\"input_tokens\"", "\"completion_tokens\"", "\"output_tokens\""].map(Finder::new)
+    });
+    static KEYS_REV: LazyLock<[FinderRev<'static>; 4]> = LazyLock::new(|| {
         ["\"prompt_tokens\"", "\"input_tokens\"", "\"completion_tokens\"", "\"output_tokens\""].map(FinderRev::new)
     });
-    let number = |finder: &FinderRev<'_>| {
-        let at = finder.rfind(tail)? + finder.needle().len();
-        let rest = tail[at..].trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
+    let number = |rest: &[u8]| -> Option<u64> {
+        let rest = rest.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
         let end = rest.iter().position(|c| !c.is_ascii_digit()).unwrap_or(rest.len());
         std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
     };
-    let [prompt, input, completion, output] = &*KEYS;
-    Usage { input: number(prompt).or_else(|| number(input)), output: number(completion).or_else(|| number(output)) }
+    if let Some(at) = USAGE.rfind(tail) {
+        let usage = &tail[at..];
+        let find = |f: &Finder<'_>| number(&usage[f.find(usage)? + f.needle().len()..]);
+        let [prompt, input, completion, output] = &*KEYS;
+        let found =
+            Usage { input: find(prompt).or_else(|| find(input)), output: find(completion).or_else(|| find(output)) };
+        if found != Usage::default() {
+            return found;
+        }
+    }
+    let find = |f: &FinderRev<'_>| number(&tail[f.rfind(tail)? + f.needle().len()..]);
+    let [prompt, input, completion, output] = &*KEYS_REV;
+    Usage { input: find(prompt).or_else(|| find(input)), output: find(completion).or_else(|| find(output)) }
 }
 
 /// Length of the first complete event in `buf` (separator included).
@@ -277,6 +293,13 @@ mod tests {
         let an = br#"{"content":[],"usage":{"input_tokens": 7, "output_tokens": 9}}"#;
         assert_eq!(usage_in_json(an), Usage { input: Some(7), output: Some(9) });
         assert_eq!(usage_in_json(b"{}"), Usage::default());
+        // Responses API: fields after the usage object.
+        let responses = br#"{"output":[],"usage":{"input_tokens":3,"output_tokens":4},"user":null,"metadata":{}}"#;
+        assert_eq!(usage_in_json(responses), Usage { input: Some(3), output: Some(4) });
+        // Counts not under a "usage" key, or a later "usage" without them:
+        // the whole tail is searched.
+        let bare = br#"{"prompt_tokens":5,"completion_tokens":6,"text":"the \"usage\" word"}"#;
+        assert_eq!(usage_in_json(bare), Usage { input: Some(5), output: Some(6) });
     }
 
     #[test]

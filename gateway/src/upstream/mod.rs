@@ -64,13 +64,12 @@ const NOT_FORWARDED: &[&str] = &[
 /// Whether a client header is forwarded upstream (see [`NOT_FORWARDED`]
 /// and [`headers::HOP_BY_HOP`]); headers the client's `Connection` header
 /// names are hop-by-hop too.
-fn forwarded(name: &HeaderName, client: &HeaderMap) -> bool {
+fn forwarded(name: &HeaderName, connection: &http::header::GetAll<'_, HeaderValue>) -> bool {
     let name = name.as_str();
     if NOT_FORWARDED.contains(&name) || headers::is_hop_by_hop(name) || name.starts_with(headers::PREFIX) {
         return false;
     }
-    !client
-        .get_all(header::CONNECTION)
+    !connection
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -305,8 +304,10 @@ impl Upstream {
         // Sized once: the client's and this upstream's headers, and the
         // few set below (growing as they come reallocated it).
         headers.reserve(client.len() + self.config.headers.len() + 6);
+        // The names `Connection` lists, looked up once for all headers.
+        let connection = client.get_all(header::CONNECTION);
         for (name, value) in client {
-            if forwarded(name, client) && !(cloud && moved_to_body(name, &self.reach)) {
+            if forwarded(name, &connection) && !(cloud && moved_to_body(name, &self.reach)) {
                 headers.append(name.clone(), value.clone());
             }
         }

@@ -1,0 +1,101 @@
+"""Instructions per request, counted (run by bench/instructions.sh).
+
+CPU time on this shared 2-core machine moves by ±30% between runs for the
+same build; an instruction count does not. Each proxy runs under
+valgrind's callgrind (nginx at its best: one process, `access_log off`;
+the bare hyper proxy; tidegate at its defaults, journal on), takes WARM
+(500) requests, has its counters zeroed, takes N (2000) more plain chat
+requests from oha (4 connections), and has its counters dumped: the
+instructions executed in user space by every thread of the process,
+divided by N. Kernel work (the same syscalls per request for all three)
+is not counted, and an instruction is not a nanosecond (cache misses are
+not counted either), so this measures the work each proxy's own code
+does per request, which is what a change to tidegate's request path
+moves. Deterministic to a few tenths of a percent (the journal writer's
+batch sizes vary with timing).
+"""
+
+import glob
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import run  # noqa: E402  (helpers: start, stop, wait_port, nginx_conf, TMP, BIN, BODY)
+
+WARM, N = int(os.environ.get("WARM", 500)), int(os.environ.get("N", 2000))
+UP, NGINX, BARE, GW = 19700, 19701, 19702, 19703
+UPSTREAM_BIN = os.path.abspath("target/release/examples/upstream")
+BARE_BIN = os.path.abspath("target/release/examples/bare_proxy")
+
+
+def load(port, n):
+    run.oha(port, run.BODY, "-n", str(n), "-c", "4")
+
+
+def counted(name, cmd, port, cwd):
+    """Instructions per request of `cmd` (listening on `port`), by thread."""
+    out = os.path.join(run.TMP, f"cg-{name}")
+    log = open(os.path.join(run.TMP, f"cg-{name}.log"), "w")
+    p = subprocess.Popen(["taskset", "-c", "0", "valgrind", "--tool=callgrind", "--separate-threads=yes",
+                          f"--callgrind-out-file={out}.%p", *cmd], cwd=cwd, stdout=log, stderr=log)
+    try:
+        run.wait_port(port)
+        load(port, WARM)
+        subprocess.run(["callgrind_control", "-z", str(p.pid)], check=True, capture_output=True)
+        load(port, N)
+        subprocess.run(["callgrind_control", "-d", str(p.pid)], check=True, capture_output=True)
+        time.sleep(0.5)
+    finally:
+        run.stop([p])
+    threads = {}
+    for f in sorted(glob.glob(f"{out}.{p.pid}.1*")):
+        with open(f) as fh:
+            total = next((int(line.split()[1]) for line in fh if line.startswith("summary:")), 0)
+        threads[f.rsplit("-", 1)[-1] if "-" in os.path.basename(f) else "1"] = total / N
+    return threads
+
+
+def main():
+    cwd = os.path.join(run.TMP, "tidegate-cg")
+    os.makedirs(cwd, exist_ok=True)
+    cfg = os.path.join(cwd, "tidegate.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"listen: 127.0.0.1:{GW}\nupstreams:\n"
+                f'  - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{UP}/v1" }}\n'
+                "models:\n  bench: { targets: [{ upstream: up }] }\n")
+    nginx_cfg = run.nginx_conf("nginx-cg.conf", NGINX, UP, "off")
+    upstream = run.start([UPSTREAM_BIN, f"127.0.0.1:{UP}"], 1, log="upstream-cg.log")
+    try:
+        run.wait_port(UP)
+        rows = {
+            "nginx": counted("nginx", ["nginx", "-c", nginx_cfg, "-g", "daemon off; master_process off;"], NGINX,
+                             run.TMP),
+            "bare hyper proxy": counted("bare", [BARE_BIN, f"127.0.0.1:{BARE}", f"127.0.0.1:{UP}"], BARE, run.TMP),
+            "tidegate": counted("tidegate", [run.BIN, "serve", "--config", cfg], GW, cwd),
+        }
+        if os.environ.get("BASELINE_BIN"):
+            # An older build with the same config (its own journal file).
+            base = os.path.join(run.TMP, "baseline-cg")
+            os.makedirs(base, exist_ok=True)
+            rows["baseline"] = counted("baseline", [os.path.abspath(os.environ["BASELINE_BIN"]), "serve", "--config",
+                                                    cfg], GW, base)
+    finally:
+        run.stop([upstream])
+    total = {name: sum(t.values()) for name, t in rows.items()}
+    ng, bare = total["nginx"], total["bare hyper proxy"]
+    print(f"\nInstructions per plain chat request, user space, every thread ({N} requests after {WARM})\n")
+    print("| | " + " | ".join(rows) + " |")
+    print("|---|" + "---:|" * len(rows))
+    print("| instructions per request | " + " | ".join(f"{total[n]:,.0f}" for n in rows) + " |")
+    print("| × nginx | " + " | ".join(f"{total[n] / ng:.2f}" for n in rows) + " |")
+    print("| × bare proxy | " + " | ".join(f"{total[n] / bare:.2f}" for n in rows) + " |")
+    threads = sorted(rows["tidegate"].items(), key=lambda kv: -kv[1])
+    print("\ntidegate by thread (the runtime's first, then the journal writer's): "
+          + ", ".join(f"{v:,.0f}" for _, v in threads if v >= 1))
+    print(f"tidegate's own work: {total['tidegate'] - bare:,.0f} instructions per request over the bare proxy's")
+
+
+if __name__ == "__main__":
+    main()
