@@ -13,6 +13,12 @@ not counted either), so this measures the work each proxy's own code
 does per request, which is what a change to tidegate's request path
 moves. Deterministic to a few tenths of a percent (the journal writer's
 batch sizes vary with timing).
+
+A second phase counts the stream open path the same way: STREAMS (400)
+streams, each on a connection of its own (examples/streams.rs, as
+bench/streams.sh, 2 events 1 ms apart, opened over 4 s, after 100 to
+warm up), per stream: accept, request, upstream connect, the handshake
+hold, two events, `[DONE]`, the journal row, both connections closed.
 """
 
 import glob
@@ -25,16 +31,23 @@ sys.path.insert(0, os.path.dirname(__file__))
 import run  # noqa: E402  (helpers: start, stop, wait_port, nginx_conf, TMP, BIN, BODY)
 
 WARM, N = int(os.environ.get("WARM", 500)), int(os.environ.get("N", 2000))
+STREAMS = int(os.environ.get("STREAMS", 400))
 UP, NGINX, BARE, GW = 19700, 19701, 19702, 19703
 UPSTREAM_BIN = os.path.abspath("target/release/examples/upstream")
 BARE_BIN = os.path.abspath("target/release/examples/bare_proxy")
+STREAMS_BIN = os.path.abspath("target/release/examples/streams")
 
 
-def load(port, n):
+def plain(port, n):
     run.oha(port, run.BODY, "-n", str(n), "-c", "4")
 
 
-def counted(name, cmd, port, cwd):
+def streams(port, n):
+    subprocess.run(["taskset", "-c", "1", STREAMS_BIN, "load", f"127.0.0.1:{port}", str(n), str(n * 10)],
+                   check=True, capture_output=True)
+
+
+def counted(name, cmd, port, cwd, load=plain, warm=WARM, n=N):
     """Instructions per request of `cmd` (listening on `port`), by thread."""
     out = os.path.join(run.TMP, f"cg-{name}")
     log = open(os.path.join(run.TMP, f"cg-{name}.log"), "w")
@@ -42,9 +55,9 @@ def counted(name, cmd, port, cwd):
                           f"--callgrind-out-file={out}.%p", *cmd], cwd=cwd, stdout=log, stderr=log)
     try:
         run.wait_port(port)
-        load(port, WARM)
+        load(port, warm)
         subprocess.run(["callgrind_control", "-z", str(p.pid)], check=True, capture_output=True)
-        load(port, N)
+        load(port, n)
         subprocess.run(["callgrind_control", "-d", str(p.pid)], check=True, capture_output=True)
         time.sleep(0.5)
     finally:
@@ -53,11 +66,12 @@ def counted(name, cmd, port, cwd):
     for f in sorted(glob.glob(f"{out}.{p.pid}.1*")):
         with open(f) as fh:
             total = next((int(line.split()[1]) for line in fh if line.startswith("summary:")), 0)
-        threads[f.rsplit("-", 1)[-1] if "-" in os.path.basename(f) else "1"] = total / N
+        threads[f.rsplit("-", 1)[-1] if "-" in os.path.basename(f) else "1"] = total / n
     return threads
 
 
-def main():
+def phase(upstream_cmd, load, warm, n):
+    """One phase: the upstream, then each proxy in turn; counts by proxy."""
     cwd = os.path.join(run.TMP, "tidegate-cg")
     os.makedirs(cwd, exist_ok=True)
     cfg = os.path.join(cwd, "tidegate.yaml")
@@ -66,35 +80,52 @@ def main():
                 f'  - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{UP}/v1" }}\n'
                 "models:\n  bench: { targets: [{ upstream: up }] }\n")
     nginx_cfg = run.nginx_conf("nginx-cg.conf", NGINX, UP, "off")
-    upstream = run.start([UPSTREAM_BIN, f"127.0.0.1:{UP}"], 1, log="upstream-cg.log")
+    upstream = run.start(upstream_cmd, 1, log="upstream-cg.log")
+    more = dict(load=load, warm=warm, n=n)
     try:
         run.wait_port(UP)
         rows = {
             "nginx": counted("nginx", ["nginx", "-c", nginx_cfg, "-g", "daemon off; master_process off;"], NGINX,
-                             run.TMP),
-            "bare hyper proxy": counted("bare", [BARE_BIN, f"127.0.0.1:{BARE}", f"127.0.0.1:{UP}"], BARE, run.TMP),
-            "tidegate": counted("tidegate", [run.BIN, "serve", "--config", cfg], GW, cwd),
+                             run.TMP, **more),
+            "bare hyper proxy": counted("bare", [BARE_BIN, f"127.0.0.1:{BARE}", f"127.0.0.1:{UP}"], BARE, run.TMP,
+                                        **more),
+            "tidegate": counted("tidegate", [run.BIN, "serve", "--config", cfg], GW, cwd, **more),
         }
         if os.environ.get("BASELINE_BIN"):
             # An older build with the same config (its own journal file).
             base = os.path.join(run.TMP, "baseline-cg")
             os.makedirs(base, exist_ok=True)
             rows["baseline"] = counted("baseline", [os.path.abspath(os.environ["BASELINE_BIN"]), "serve", "--config",
-                                                    cfg], GW, base)
+                                                    cfg], GW, base, **more)
     finally:
         run.stop([upstream])
+        time.sleep(0.5)
+    return rows
+
+
+def table(title, rows):
     total = {name: sum(t.values()) for name, t in rows.items()}
     ng, bare = total["nginx"], total["bare hyper proxy"]
-    print(f"\nInstructions per plain chat request, user space, every thread ({N} requests after {WARM})\n")
+    print(f"\n{title}\n")
     print("| | " + " | ".join(rows) + " |")
     print("|---|" + "---:|" * len(rows))
-    print("| instructions per request | " + " | ".join(f"{total[n]:,.0f}" for n in rows) + " |")
+    print("| instructions | " + " | ".join(f"{total[n]:,.0f}" for n in rows) + " |")
     print("| × nginx | " + " | ".join(f"{total[n] / ng:.2f}" for n in rows) + " |")
     print("| × bare proxy | " + " | ".join(f"{total[n] / bare:.2f}" for n in rows) + " |")
     threads = sorted(rows["tidegate"].items(), key=lambda kv: -kv[1])
-    print("\ntidegate by thread (the runtime's first, then the journal writer's): "
+    print("\ntidegate by thread (the runtime's, the journal writer's, ...): "
           + ", ".join(f"{v:,.0f}" for _, v in threads if v >= 1))
-    print(f"tidegate's own work: {total['tidegate'] - bare:,.0f} instructions per request over the bare proxy's")
+    print(f"tidegate's own work: {total['tidegate'] - bare:,.0f} instructions over the bare proxy's")
+
+
+def main():
+    only = os.environ.get("ONLY")  # plain or streams
+    if only in (None, "plain"):
+        rows = phase([UPSTREAM_BIN, f"127.0.0.1:{UP}"], plain, WARM, N)
+        table(f"Instructions per plain chat request, user space, every thread ({N} requests after {WARM})", rows)
+    if only in (None, "streams"):
+        rows = phase([STREAMS_BIN, "upstream", f"127.0.0.1:{UP}", "2", "1"], streams, 100, STREAMS)
+        table(f"Instructions per stream on a new connection (2 events; {STREAMS} streams after 100)", rows)
 
 
 if __name__ == "__main__":

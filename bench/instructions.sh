@@ -13,5 +13,5 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 command -v oha >/dev/null || cargo install oha --locked
-cargo build --release --quiet --bin tidegate --example upstream --example bare_proxy
+cargo build --release --quiet --bin tidegate --example upstream --example bare_proxy --example streams
 exec python3 bench/instructions.py "$@"

@@ -21,7 +21,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -67,11 +67,13 @@ struct Opening<'a> {
 /// The session key of a request from `client` (its name, `None` without
 /// client keys), or `None` when nothing identifies a conversation.
 pub fn session_key(headers: &HeaderMap, body: &[u8], client: Option<&str>) -> Option<String> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty());
-    let told = header(headers::SESSION.as_str())
+    const CLAUDE_CODE: HeaderName = HeaderName::from_static("x-claude-code-session-id");
+    const CODEX: HeaderName = HeaderName::from_static("session_id");
+    let header = |name: HeaderName| headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty());
+    let told = header(headers::SESSION)
         .map(|v| ("tidegate", v.to_owned()))
-        .or_else(|| header("x-claude-code-session-id").map(|v| ("claude-code", v.to_owned())))
-        .or_else(|| header("session_id").map(|v| ("codex", v.to_owned())));
+        .or_else(|| header(CLAUDE_CODE).map(|v| ("claude-code", v.to_owned())))
+        .or_else(|| header(CODEX).map(|v| ("codex", v.to_owned())));
     let mut hasher = DefaultHasher::new();
     client.unwrap_or_default().hash(&mut hasher);
     match told {

@@ -69,10 +69,17 @@ impl Anomaly {
     /// Counts one request of `client` arriving at `now`.
     pub fn observe(&self, client: &str, now: Instant) -> Verdict {
         let Ok(mut clients) = self.clients.lock() else { return Verdict::Normal };
-        if !clients.contains_key(client) {
-            clients.insert(client.to_owned(), Track { start: now, count: 0, baseline: None, flagged: false });
+        // One lookup for a client seen before (every request but its first).
+        if let Some(t) = clients.get_mut(client) {
+            return self.count(t, now);
         }
-        let Some(t) = clients.get_mut(client) else { return Verdict::Normal };
+        let t =
+            clients.entry(client.to_owned()).or_insert(Track { start: now, count: 0, baseline: None, flagged: false });
+        self.count(t, now)
+    }
+
+    /// Counts one request of a client's track at `now`.
+    fn count(&self, t: &mut Track, now: Instant) -> Verdict {
         let window = self.config.window.max(Duration::from_millis(1));
         let elapsed = now.saturating_duration_since(t.start);
         if elapsed >= window {

@@ -16,8 +16,8 @@
 
 use std::time::Duration;
 
-use http::HeaderMap;
 use http::header::USER_AGENT;
+use http::{HeaderMap, HeaderName};
 
 use crate::classify::Class;
 
@@ -50,8 +50,9 @@ impl Client {
     /// The client, from what it sends: its `user-agent` and Codex's
     /// `originator` header.
     pub fn recognise(headers: &HeaderMap) -> Self {
+        const ORIGINATOR: HeaderName = HeaderName::from_static("originator");
         let text = |name| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
-        let (agent, originator) = (text(USER_AGENT.as_str()), text("originator"));
+        let (agent, originator) = (text(USER_AGENT), text(ORIGINATOR));
         if originator.starts_with("codex") || agent.starts_with("codex_") || agent.starts_with("codex-") {
             Client::Codex
         } else if originator == "opencode" || agent.starts_with("opencode/") {

@@ -33,6 +33,10 @@ pub const ESTIMATE: HeaderName = HeaderName::from_static("x-tidegate-estimate");
 /// (the next one makes a single attempt; the first one retries).
 pub const HOP: HeaderName = HeaderName::from_static("x-tidegate-hop");
 
+/// Anthropic's API version: sent upstream when the client gave none, and
+/// what marks an unrouted request as Anthropic's.
+pub const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+
 /// Headers that describe one hop: never relayed, request or answer.
 /// (`Connection` may name more; callers that forward request headers
 /// drop those too.)

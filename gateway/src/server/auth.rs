@@ -8,7 +8,10 @@ use crate::config::ClientKey;
 
 /// The header a Gemini client's key arrives in (and where one sent as
 /// `?key=` is put, so it is checked like the others and never forwarded).
-pub const GOOG_API_KEY: &str = "x-goog-api-key";
+pub const GOOG_API_KEY: http::HeaderName = http::HeaderName::from_static("x-goog-api-key");
+/// Anthropic's key header. (Names as constants: a lookup by `&str` parses
+/// the name first, on every request.)
+const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
 
 /// The key a client presented: `Authorization: Bearer <key>` (OpenAI SDKs),
 /// `x-api-key` (Anthropic SDKs) or `x-goog-api-key` (Google's).
@@ -19,7 +22,7 @@ fn presented(headers: &HeaderMap) -> Option<&[u8]> {
             return Some(bytes[7..].trim_ascii());
         }
     }
-    headers.get("x-api-key").or_else(|| headers.get(GOOG_API_KEY)).map(|v| v.as_bytes().trim_ascii())
+    headers.get(X_API_KEY).or_else(|| headers.get(GOOG_API_KEY)).map(|v| v.as_bytes().trim_ascii())
 }
 
 /// A Gemini client's key sent in the URL (`?key=…`, as Google's REST

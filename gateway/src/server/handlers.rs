@@ -26,7 +26,7 @@ use crate::route;
 /// paths under `/v1beta` or clients that send `x-goog-api-key`, else
 /// OpenAI's.
 fn protocol_of(uri: &http::Uri, headers: &HeaderMap) -> Protocol {
-    if headers.contains_key("anthropic-version") {
+    if headers.contains_key(headers::ANTHROPIC_VERSION) {
         Protocol::Anthropic
     } else if uri.path().starts_with("/v1beta/") || headers.contains_key(GOOG_API_KEY) {
         Protocol::Gemini

@@ -78,15 +78,16 @@ pub async fn serve_until<S, B>(
     let registry = Arc::new(Registry::default());
     // Serves one accepted connection on its own task, which holds its slot
     // and its place in the registry.
+    // Configured once: each connection's timer is then a shared handle,
+    // not an allocation of its own.
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1.timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
     let serve_one = {
         let registry = registry.clone();
         move |stream: TcpStream, slot: OwnedSemaphorePermit| {
             let registered = registry.open();
             let service = Tracked::new(service.clone(), &registered);
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .serve_connection(TokioIo::new(stream), service);
+            let connection = http1.serve_connection(TokioIo::new(stream), service);
             let shed = registered.shed();
             tokio::spawn(Served { connection, shed, shedding: false, _held: (registered, slot) });
         }

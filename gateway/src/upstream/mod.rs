@@ -27,6 +27,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::config::{UpstreamConfig, UpstreamKind};
 use crate::headers;
+use crate::headers::ANTHROPIC_VERSION;
 use crate::health::Health;
 use crate::limits::Limiter;
 use crate::protocol::{Endpoint, Family, gemini};
@@ -39,8 +40,6 @@ pub use pool::PooledBody;
 /// JSON document, so a smaller fixed buffer saves memory under thousands of
 /// concurrent requests at no measurable throughput cost (see bench/).
 const READ_BUF: usize = 2048;
-
-const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 
 /// Client headers that never go upstream; every other header does, so the
 /// correlation headers agents send (`session-id`, `x-codex-*`,
