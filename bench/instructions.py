@@ -32,6 +32,8 @@ import run  # noqa: E402  (helpers: start, stop, wait_port, nginx_conf, TMP, BIN
 
 WARM, N = int(os.environ.get("WARM", 500)), int(os.environ.get("N", 2000))
 STREAMS = int(os.environ.get("STREAMS", 400))
+STREAM_EVENTS = int(os.environ.get("STREAM_EVENTS", 2))  # more: the per-event path weighs in
+STREAM_GAP_MS = int(os.environ.get("STREAM_GAP_MS", 1))  # 20: tokens as a model sends them
 UP, NGINX, BARE, GW = 19700, 19701, 19702, 19703
 UPSTREAM_BIN = os.path.abspath("target/release/examples/upstream")
 BARE_BIN = os.path.abspath("target/release/examples/bare_proxy")
@@ -124,8 +126,11 @@ def main():
         rows = phase([UPSTREAM_BIN, f"127.0.0.1:{UP}"], plain, WARM, N)
         table(f"Instructions per plain chat request, user space, every thread ({N} requests after {WARM})", rows)
     if only in (None, "streams"):
-        rows = phase([STREAMS_BIN, "upstream", f"127.0.0.1:{UP}", "2", "1"], streams, 100, STREAMS)
-        table(f"Instructions per stream on a new connection (2 events; {STREAMS} streams after 100)", rows)
+        rows = phase([STREAMS_BIN, "upstream", f"127.0.0.1:{UP}", str(STREAM_EVENTS), str(STREAM_GAP_MS)],
+                     streams, 100, STREAMS)
+        table(f"Instructions per stream on a new connection ({STREAM_EVENTS} events {STREAM_GAP_MS} ms apart; "
+              f"{STREAMS} streams "
+              "after 100)", rows)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ pub async fn handshake(
             Ok(Some(Ok(frame))) => frame,
         };
         let Ok(data) = frame.into_data() else { continue };
-        scanner.feed(&data);
+        scanner.feed_bytes(data);
         if scanner.oversized() {
             return Handshake::Broken(format!("an event exceeded {max_event} bytes (max_stream_event)"));
         }

@@ -345,7 +345,7 @@ impl RelayBody {
             // Drop the dead stream's unfinished event; go on with the
             // continuation's.
             sse.discard();
-            sse.feed(&reopened.first);
+            sse.feed_bytes(reopened.first.clone());
         }
         self.ready = 0;
         self.inner = Some(reopened.inner);
@@ -614,7 +614,7 @@ impl RelayBody {
                     let Ok(data) = frame.into_data() else { continue };
                     match this.sse.as_mut() {
                         Some(sse) => {
-                            sse.feed(&data);
+                            sse.feed_bytes(data);
                             if sse.oversized() {
                                 let max = sse.max_event();
                                 this.resumes = 0;

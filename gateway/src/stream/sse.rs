@@ -18,9 +18,13 @@ use crate::record::Usage;
 #[derive(Debug)]
 pub struct Scanner {
     protocol: Protocol,
-    /// Bytes received and not yet handed out.
+    /// A chunk received whole and not yet handed out: events are sliced
+    /// out of it, neither copied nor allocated (a model's events arrive
+    /// one read each). Empty whenever `pending` is not.
+    whole: Bytes,
+    /// Bytes received and not yet handed out, once an event spans reads.
     pending: BytesMut,
-    /// Offset in `pending` up to which complete events were scanned.
+    /// Offset in the held bytes up to which complete events were scanned.
     scanned: usize,
     /// Offset in `pending` up to which the unfinished event was searched
     /// for its end (so a large event is not searched again per read).
@@ -41,13 +45,22 @@ impl Scanner {
     /// A scanner that holds at most `max_event` bytes of one unfinished
     /// event (see [`Scanner::oversized`]).
     pub fn with_limit(protocol: Protocol, text_cap: usize, max_event: usize) -> Self {
-        Self { protocol, pending: BytesMut::new(), scanned: 0, searched: 0, text_cap, max_event, seen: Seen::default() }
+        Self {
+            protocol,
+            whole: Bytes::new(),
+            pending: BytesMut::new(),
+            scanned: 0,
+            searched: 0,
+            text_cap,
+            max_event,
+            seen: Seen::default(),
+        }
     }
 
     /// The unfinished event is larger than allowed: an upstream that never
     /// ends an event would otherwise be buffered without limit.
     pub fn oversized(&self) -> bool {
-        self.pending.len() - self.scanned > self.max_event
+        self.held() - self.scanned > self.max_event
     }
 
     /// The largest event allowed, for messages.
@@ -55,14 +68,33 @@ impl Scanner {
         self.max_event
     }
 
-    /// Appends received bytes.
+    /// Appends received bytes (copied).
     pub fn feed(&mut self, chunk: &[u8]) {
+        self.spill();
         self.pending.extend_from_slice(chunk);
+    }
+
+    /// Appends a received chunk: kept as it is when nothing else is held
+    /// (the events in it are then slices of it), else copied after what is.
+    pub fn feed_bytes(&mut self, chunk: Bytes) {
+        if self.whole.is_empty() && self.pending.is_empty() {
+            self.whole = chunk;
+        } else {
+            self.feed(&chunk);
+        }
+    }
+
+    /// Moves a held whole chunk into `pending`, for bytes to follow it.
+    fn spill(&mut self) {
+        if !self.whole.is_empty() {
+            let whole = std::mem::take(&mut self.whole);
+            self.pending.extend_from_slice(&whole);
+        }
     }
 
     /// Bytes held (scanned or not) and not yet taken.
     pub fn held(&self) -> usize {
-        self.pending.len()
+        self.whole.len() + self.pending.len()
     }
 
     /// Scans the next complete event in `pending`; returns its kind and the
@@ -71,28 +103,33 @@ impl Scanner {
         let start = self.scanned;
         // Resume the search a few bytes back: a separator may straddle reads.
         let from = self.searched.saturating_sub(2).max(start);
-        let Some(len) = event_end(&self.pending[from..]) else {
-            self.searched = self.pending.len();
+        let held: &[u8] = if self.whole.is_empty() { &self.pending } else { &self.whole };
+        let Some(len) = event_end(&held[from..]) else {
+            self.searched = held.len();
             return None;
         };
         let end = from + len;
         self.scanned = end;
         self.searched = end;
-        let kind = inspect(&mut self.seen, self.protocol, self.text_cap, &self.pending[start..end]);
+        let kind = inspect(&mut self.seen, self.protocol, self.text_cap, &held[start..end]);
         Some((kind, end))
     }
 
     /// Drops everything not yet taken (after an error event: nothing more
     /// of this stream is relayed).
     pub fn discard(&mut self) {
+        self.whole = Bytes::new();
         self.pending.clear();
         self.scanned = 0;
         self.searched = 0;
     }
 
-    /// Takes the first `upto` bytes of `pending` (complete, scanned events).
+    /// Takes the first `upto` held bytes (complete, scanned events).
     pub fn take(&mut self, upto: usize) -> Bytes {
-        let out = self.pending.split_to(upto.min(self.pending.len())).freeze();
+        let out = match self.whole.is_empty() {
+            false => self.whole.split_to(upto.min(self.whole.len())),
+            true => self.pending.split_to(upto.min(self.pending.len())).freeze(),
+        };
         self.scanned = self.scanned.saturating_sub(out.len());
         self.searched = self.searched.saturating_sub(out.len());
         out
@@ -113,7 +150,18 @@ fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> 
     // Nearly every event has one `data:` line: borrowed, no list; a second
     // line makes it owned, joined by newlines.
     let mut data: Option<Cow<'_, str>> = None;
-    for line in text.lines() {
+    // Lines as `str::lines` splits them, found with `memchr` (a SIMD
+    // search; `lines` goes a byte at a time).
+    let mut rest: &str = &text;
+    while !rest.is_empty() {
+        let line = match memchr::memchr(b'\n', rest.as_bytes()) {
+            Some(i) => {
+                let line = &rest[..i];
+                rest = &rest[i + 1..];
+                line
+            }
+            None => std::mem::take(&mut rest),
+        };
         let line = line.strip_suffix('\r').unwrap_or(line);
         if let Some(v) = line.strip_prefix("event:") {
             name = Some(v.trim());
@@ -187,7 +235,8 @@ pub fn usage_in_json(tail: &[u8]) -> Usage {
 /// Length of the first complete event in `buf` (separator included).
 fn event_end(buf: &[u8]) -> Option<usize> {
     let mut at = 0;
-    while let Some(i) = buf[at..].iter().position(|b| *b == b'\n') {
+    // `memchr`: this runs over every byte of every event relayed.
+    while let Some(i) = memchr::memchr(b'\n', &buf[at..]) {
         let i = at + i;
         match (buf.get(i + 1), buf.get(i + 2)) {
             (Some(b'\n'), _) => return Some(i + 2),
@@ -272,6 +321,45 @@ mod tests {
         let mut a = Scanner::new(Protocol::Anthropic, 100);
         a.feed(b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n");
         assert_eq!(a.next_event().map(|e| e.0), Some(Kind::Error));
+    }
+
+    #[test]
+    fn a_chunk_fed_whole_hands_out_slices_of_itself() {
+        let mut s = Scanner::new(Protocol::OpenAiChat, 100);
+        let chunk = Bytes::from_static(b"data: {\"choices\":[]}\n\ndata: {\"cho");
+        s.feed_bytes(chunk.clone());
+        let (_, end) = s.next_event().unwrap();
+        assert!(s.next_event().is_none());
+        let out = s.take(end);
+        assert_eq!(&out[..], b"data: {\"choices\":[]}\n\n");
+        assert_eq!(out.as_ptr(), chunk.as_ptr(), "the event was copied");
+        // The unfinished rest is joined with the next chunk.
+        s.feed_bytes(Bytes::from_static(b"ices\":[]}\n\n"));
+        let (_, end) = s.next_event().unwrap();
+        assert_eq!(&s.take(end)[..], b"data: {\"choices\":[]}\n\n");
+        assert_eq!(s.held(), 0);
+    }
+
+    #[test]
+    fn whole_chunks_and_copies_scan_alike() {
+        for chunk in [1, 2, 3, 7, 16, 64, 1 << 20] {
+            let (mut copied, mut whole) =
+                (Scanner::new(Protocol::OpenAiChat, 1 << 20), Scanner::new(Protocol::OpenAiChat, 1 << 20));
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for piece in CHAT.chunks(chunk) {
+                copied.feed(piece);
+                whole.feed_bytes(Bytes::copy_from_slice(piece));
+                while let Some((kind, end)) = copied.next_event() {
+                    a.push((kind, copied.take(end)));
+                }
+                while let Some((kind, end)) = whole.next_event() {
+                    b.push((kind, whole.take(end)));
+                }
+            }
+            assert_eq!(a, b, "chunks of {chunk}");
+            assert_eq!(copied.seen.events, whole.seen.events);
+            assert!(!a.is_empty());
+        }
     }
 
     #[test]
