@@ -60,27 +60,19 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
     let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
         return Kind::Content;
     };
-    if chunk.error.is_some() || (chunk.choices.is_empty() && chunk.usage.is_none() && is_vendor_error(data)) {
+    if chunk.error.is_some() || (chunk.choices.count == 0 && chunk.usage.is_none() && is_vendor_error(data)) {
         return Kind::Error;
     }
     if let Some(u) = chunk.usage {
         seen.usage.input = u.prompt_tokens.or(seen.usage.input);
         seen.usage.output = u.completion_tokens.or(seen.usage.output);
     }
-    let mut text = TextSink { text: &mut seen.text, cap: text_cap };
-    for choice in &chunk.choices {
-        if let Some(delta) = &choice.delta {
-            if let Some(c) = &delta.content {
-                text.push(c);
-            }
-            if delta.tool_calls.is_some() {
-                seen.tool_call = true;
-            }
-        }
-        if choice.finish_reason.is_some() {
-            seen.complete = true;
-        }
+    let choices = chunk.choices;
+    if let Some(c) = &choices.text {
+        TextSink { text: &mut seen.text, cap: text_cap }.push(c);
     }
+    seen.tool_call |= choices.tool_call;
+    seen.complete |= choices.finished;
     Kind::Content
 }
 
@@ -106,9 +98,49 @@ struct Chunk<'a> {
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    choices: Vec<Choice<'a>>,
+    choices: Choices<'a>,
     #[serde(default)]
     usage: Option<ChunkUsage>,
+}
+
+/// What a chunk's `choices` say, folded as they are read: no list per
+/// chunk (this runs for every event relayed). The text is the choices'
+/// contents in order, borrowed when there is one.
+#[derive(Default)]
+struct Choices<'a> {
+    count: usize,
+    text: Option<Cow<'a, str>>,
+    tool_call: bool,
+    finished: bool,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Choices<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fold<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Fold<'a> {
+            type Value = Choices<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of choices")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Choices<'a>, A::Error> {
+                let mut out = Choices::default();
+                while let Some(choice) = seq.next_element::<Choice<'de>>()? {
+                    out.count += 1;
+                    out.finished |= choice.finish_reason.is_some();
+                    let Some(delta) = choice.delta else { continue };
+                    out.tool_call |= delta.tool_calls.is_some();
+                    if let Some(content) = delta.content {
+                        out.text = Some(match out.text.take() {
+                            None => content,
+                            Some(before) => Cow::Owned(before.into_owned() + &content),
+                        });
+                    }
+                }
+                Ok(out)
+            }
+        }
+        deserializer.deserialize_seq(Fold(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -133,4 +165,34 @@ struct ChunkUsage {
     prompt_tokens: Option<u64>,
     #[serde(default)]
     completion_tokens: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunks_choices_are_read_in_order_without_a_list() {
+        let mut seen = Seen::default();
+        let two = r#"{"choices":[{"delta":{"content":"a\"b"}},{"delta":{"content":"c","tool_calls":[{}]},"finish_reason":"stop"}]}"#;
+        assert_eq!(inspect(None, two, &mut seen, 100), Kind::Content);
+        assert_eq!(seen.text, "a\"bc");
+        assert!(seen.tool_call && seen.complete);
+        // Capped across chunks as before.
+        assert_eq!(inspect(None, r#"{"choices":[{"delta":{"content":"0123456789"}}]}"#, &mut seen, 6), Kind::Content);
+        assert_eq!(seen.text, "a\"bc01");
+        // No choices: an error object in a vendor's shape is an error,
+        // a usage chunk is not.
+        let mut seen = Seen::default();
+        assert_eq!(
+            inspect(None, r#"{"choices":[],"error_code":"TM.1","error_msg":"busy"}"#, &mut seen, 9),
+            Kind::Error
+        );
+        assert_eq!(
+            inspect(None, r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#, &mut seen, 9),
+            Kind::Content
+        );
+        assert_eq!((seen.usage.input, seen.usage.output), (Some(3), Some(4)));
+        assert!(!seen.complete && seen.text.is_empty());
+    }
 }
