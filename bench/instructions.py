@@ -74,13 +74,8 @@ def counted(name, cmd, port, cwd, load=plain, warm=WARM, n=N):
 
 def phase(upstream_cmd, load, warm, n):
     """One phase: the upstream, then each proxy in turn; counts by proxy."""
-    cwd = os.path.join(run.TMP, "tidegate-cg")
-    os.makedirs(cwd, exist_ok=True)
-    cfg = os.path.join(cwd, "tidegate.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"listen: 127.0.0.1:{GW}\nupstreams:\n"
-                f'  - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{UP}/v1" }}\n'
-                "models:\n  bench: { targets: [{ upstream: up }] }\n")
+    cfg = run.one_upstream_config("tidegate-cg", GW, UP)
+    cwd = os.path.dirname(cfg)
     nginx_cfg = run.nginx_conf("nginx-cg.conf", NGINX, UP, "off")
     upstream = run.start(upstream_cmd, 1, log="upstream-cg.log")
     more = dict(load=load, warm=warm, n=n)

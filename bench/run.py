@@ -110,6 +110,19 @@ http {{
 """)
 
 
+def one_upstream_config(dirname, port, upstream):
+    """A tidegate config at its defaults in TMP/`dirname`: listening on
+    `port`, model `bench` on one OpenAI-protocol upstream. Returns its path."""
+    cwd = os.path.join(TMP, dirname)
+    os.makedirs(cwd, exist_ok=True)
+    cfg = os.path.join(cwd, "tidegate.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"listen: 127.0.0.1:{port}\nupstreams:\n"
+                f'  - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{upstream}/v1" }}\n'
+                "models:\n  bench: { targets: [{ upstream: up }] }\n")
+    return cfg
+
+
 def rss_peak_kib(pid):
     return status_kib(pid, "VmHWM")
 

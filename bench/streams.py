@@ -91,13 +91,7 @@ def fresh_proxy(name, cfg, nginx_cfg, env):
 def main():
     only = os.environ.get("ONLY")
     sizes = [s for s in SIZES if not only or str(s[0]) == only]
-    cfg_dir = os.path.join(run.TMP, "tidegate")
-    os.makedirs(cfg_dir, exist_ok=True)
-    cfg = os.path.join(cfg_dir, "tidegate.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"listen: 127.0.0.1:{GW}\nupstreams:\n"
-                f'  - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{UP}/v1" }}\n'
-                "models:\n  bench: { targets: [{ upstream: up }] }\n")
+    cfg = run.one_upstream_config("tidegate", GW, UP)
     nginx_cfg = run.nginx_conf("nginx-streams.conf", NGINX, UP, "off")
     env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
     names = ["direct", "nginx", "bare hyper proxy", "tidegate"]
