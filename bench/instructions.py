@@ -58,12 +58,14 @@ def counted(name, cmd, port, cwd, load=plain, warm=WARM, n=N):
     try:
         run.wait_port(port)
         load(port, warm)
-        # The warm-up's journal rows gather for up to a second before
-        # their batch (and the writer's first open of the file) is
-        # written: waited out, or that one-time work is counted.
+        # Journal rows gather for up to a second before their batch is
+        # written: the warm-up's (with the writer's first open of the
+        # file) are waited out, or that one-time work is counted.
         time.sleep(1.5)
         subprocess.run(["callgrind_control", "-z", str(p.pid)], check=True, capture_output=True)
         load(port, n)
+        # And the counted requests' rows written before the count is read.
+        time.sleep(1.5)
         subprocess.run(["callgrind_control", "-d", str(p.pid)], check=True, capture_output=True)
         time.sleep(0.5)
     finally:

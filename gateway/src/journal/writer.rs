@@ -118,6 +118,12 @@ pub(super) fn insert_sql(rows: usize) -> String {
     format!("INSERT OR IGNORE INTO requests ({}) VALUES {}", request_columns(), vec![one; rows].join(","))
 }
 
+/// Binds one request's values at parameters `base + 1 ..` of `stmt`, in
+/// the order of [`REQUEST_TABLE`]. A NULL is not bound: the statement's
+/// parameters were cleared before (binding a NULL takes as long as binding
+/// a value, and most of a plain success's columns are NULL). Each value is
+/// bound with its own type (no `dyn ToSql` per column): this runs 22
+/// times per request, a third of the writer's work.
 pub(super) fn bind_request(
     stmt: &mut rusqlite::Statement<'_>,
     base: usize,
@@ -128,35 +134,53 @@ pub(super) fn bind_request(
     let detail = r.detail.as_deref();
     let targets = r.targets(names);
     let targets: &str = &targets;
-    // In the order of REQUEST_TABLE (the array's length is checked against it).
-    let values: [&dyn rusqlite::ToSql; REQUEST_COLUMNS] = [
-        &hi,
-        &lo,
-        &r.client,
-        &r.model.as_deref(),
-        &r.stream,
-        &r.outcome.as_str(),
-        &r.status,
-        &r.class.map(Class::as_str),
-        &detail.and_then(|d| d.error.as_deref()),
-        &targets,
-        &r.queue_us,
-        &r.ttfb_us,
-        &r.total_us,
-        &r.tokens_in,
-        &r.tokens_out,
-        &detail.and_then(|d| d.partial.as_deref()),
-        &r.n_attempts,
-        &r.anomaly,
-        &detail.and_then(|d| d.completion_from),
-        &r.protocol.map(crate::protocol::Protocol::name),
-        &detail.and_then(|d| d.dropped.as_deref()),
-        &r.via.map(crate::protocol::Protocol::name),
-    ];
-    for (i, value) in values.into_iter().enumerate() {
-        stmt.raw_bind_parameter(base + i + 1, value)?;
-    }
+    let mut b = Binder { stmt, at: base };
+    b.put(hi)?;
+    b.put(lo)?;
+    b.opt(r.client.as_deref())?;
+    b.opt(r.model.as_deref())?;
+    b.put(r.stream)?;
+    b.put(r.outcome.as_str())?;
+    b.put(r.status)?;
+    b.opt(r.class.map(Class::as_str))?;
+    b.opt(detail.and_then(|d| d.error.as_deref()))?;
+    b.put(targets)?;
+    b.put(r.queue_us)?;
+    b.opt(r.ttfb_us)?;
+    b.put(r.total_us)?;
+    b.opt(r.tokens_in)?;
+    b.opt(r.tokens_out)?;
+    b.opt(detail.and_then(|d| d.partial.as_deref()))?;
+    b.put(r.n_attempts)?;
+    b.put(r.anomaly)?;
+    b.opt(detail.and_then(|d| d.completion_from))?;
+    b.opt(r.protocol.map(crate::protocol::Protocol::name))?;
+    b.opt(detail.and_then(|d| d.dropped.as_deref()))?;
+    b.opt(r.via.map(crate::protocol::Protocol::name))?;
+    debug_assert_eq!(b.at - base, REQUEST_COLUMNS, "bind_request binds every column of REQUEST_TABLE");
     Ok(())
+}
+
+/// The next parameter of a statement whose parameters start cleared.
+struct Binder<'s, 'c> {
+    stmt: &'s mut rusqlite::Statement<'c>,
+    at: usize,
+}
+
+impl Binder<'_, '_> {
+    fn put<T: rusqlite::ToSql>(&mut self, value: T) -> rusqlite::Result<()> {
+        self.at += 1;
+        self.stmt.raw_bind_parameter(self.at, value)
+    }
+
+    /// A value, or a NULL left as cleared.
+    fn opt<T: rusqlite::ToSql>(&mut self, value: Option<T>) -> rusqlite::Result<()> {
+        self.at += 1;
+        match value {
+            Some(value) => self.stmt.raw_bind_parameter(self.at, value),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Writes a batch; `generations` are the upstream names by generation.
@@ -169,12 +193,15 @@ pub(super) fn insert(conn: &mut Connection, generations: &[Arc<[String]>], batch
         for chunk in batch.chunks(ROWS_PER_INSERT) {
             let stmt = if chunk.len() == ROWS_PER_INSERT { &mut many } else { &mut one };
             if chunk.len() == ROWS_PER_INSERT {
+                // Every parameter NULL again: `bind_request` binds only values.
+                stmt.clear_bindings();
                 for (k, r) in chunk.iter().enumerate() {
                     bind_request(stmt, k * REQUEST_COLUMNS, names(r), r)?;
                 }
                 stmt.raw_execute()?;
             } else {
                 for r in chunk {
+                    stmt.clear_bindings();
                     bind_request(stmt, 0, names(r), r)?;
                     stmt.raw_execute()?;
                 }
