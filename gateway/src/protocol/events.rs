@@ -67,6 +67,23 @@ pub fn sse_event(name: Option<&str>, data: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+/// A JSON string field, borrowed from the event when it holds no escape.
+///
+/// Why not `Option<Cow<'a, str>>` with `#[serde(borrow)]`: serde borrows a
+/// `Cow<str>` only when it is the field's own type; inside an `Option` it
+/// is always an owned `String`, an allocation per streamed event for every
+/// token's text. Use `Option<Text<'a>>` (with `#[serde(borrow)]`).
+#[derive(serde::Deserialize, Debug, Clone, PartialEq)]
+#[serde(transparent)]
+pub struct Text<'a>(#[serde(borrow)] pub std::borrow::Cow<'a, str>);
+
+impl std::ops::Deref for Text<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Appends streamed text up to a cap (the journal keeps partial answers,
 /// not whole books).
 pub struct TextSink<'a> {
@@ -88,5 +105,33 @@ impl TextSink<'_> {
             cut -= 1;
         }
         self.text.push_str(&s[..cut]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::Text;
+
+    #[derive(serde::Deserialize)]
+    struct Field<'a> {
+        #[serde(borrow, default)]
+        text: Option<Text<'a>>,
+        #[serde(borrow, default)]
+        plain: Option<Cow<'a, str>>,
+    }
+
+    #[test]
+    fn text_in_an_option_is_borrowed_unless_escaped() {
+        let f: Field<'_> = serde_json::from_str(r#"{"text":"tok","plain":"tok"}"#).unwrap();
+        assert!(matches!(f.text.as_ref().map(|t| &t.0), Some(Cow::Borrowed("tok"))));
+        // What `Text` is for: the same field as an `Option<Cow<str>>` is a new String.
+        assert!(matches!(f.plain, Some(Cow::Owned(_))));
+        let f: Field<'_> = serde_json::from_str(r#"{"text":"a\"b"}"#).unwrap();
+        assert_eq!(f.text.as_deref(), Some("a\"b"));
+        assert!(matches!(f.text.map(|t| t.0), Some(Cow::Owned(_))));
+        let f: Field<'_> = serde_json::from_str("{}").unwrap();
+        assert!(f.text.is_none());
     }
 }

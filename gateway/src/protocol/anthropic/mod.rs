@@ -13,7 +13,7 @@ use serde::de::IgnoredAny;
 use serde_json::json;
 
 use super::ErrorKind;
-use super::events::{Kind, Seen, TextSink, sse_event};
+use super::events::{Kind, Seen, Text, TextSink, sse_event};
 
 /// `{"type":"error","error":{"type","message"}}`, the shape the Anthropic
 /// SDKs parse into their typed exceptions.
@@ -106,7 +106,7 @@ struct Event<'a> {
 #[derive(Deserialize)]
 struct Delta<'a> {
     #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
+    text: Option<Text<'a>>,
     #[serde(default)]
     partial_json: Option<IgnoredAny>,
 }

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::{Value, json};
 
-use super::events::{Kind, Seen, TextSink, sse_event};
+use super::events::{Kind, Seen, Text, TextSink, sse_event};
 use super::{Endpoint, ErrorKind, PeekError, RequestHead};
 
 /// The `@type` of a detail saying when to retry.
@@ -213,7 +213,7 @@ struct Candidate<'a> {
     #[serde(borrow, default)]
     content: Option<ContentIn<'a>>,
     #[serde(borrow, default, rename = "finishReason")]
-    finish_reason: Option<std::borrow::Cow<'a, str>>,
+    finish_reason: Option<Text<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -225,7 +225,7 @@ struct ContentIn<'a> {
 #[derive(Deserialize)]
 struct PartIn<'a> {
     #[serde(borrow, default)]
-    text: Option<std::borrow::Cow<'a, str>>,
+    text: Option<Text<'a>>,
     #[serde(default)]
     thought: Option<bool>,
     #[serde(default, rename = "functionCall")]

@@ -15,7 +15,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::ErrorKind;
-use super::events::{Kind, Seen, TextSink, sse_event};
+use super::events::{Kind, Seen, Text, TextSink, sse_event};
 
 /// `{"error":{"message","type","param","code"}}`, the shape the OpenAI
 /// SDKs parse into their typed exceptions.
@@ -129,7 +129,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Choices<'a> {
                     out.finished |= choice.finish_reason.is_some();
                     let Some(delta) = choice.delta else { continue };
                     out.tool_call |= delta.tool_calls.is_some();
-                    if let Some(content) = delta.content {
+                    if let Some(Text(content)) = delta.content {
                         out.text = Some(match out.text.take() {
                             None => content,
                             Some(before) => Cow::Owned(before.into_owned() + &content),
@@ -154,7 +154,7 @@ struct Choice<'a> {
 #[derive(Deserialize)]
 struct Delta<'a> {
     #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
+    content: Option<Text<'a>>,
     #[serde(default)]
     tool_calls: Option<IgnoredAny>,
 }

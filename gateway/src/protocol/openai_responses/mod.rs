@@ -24,7 +24,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::ErrorKind;
-use super::events::{Kind, Seen, TextSink, sse_event};
+use super::events::{Kind, Seen, Text, TextSink, sse_event};
 use super::openai_chat;
 
 /// HTTP errors: the OpenAI shape.
@@ -79,7 +79,7 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
     match kind.as_ref() {
         "response.created" | "response.in_progress" | "response.queued" => {
             if seen.response_id.is_none() {
-                seen.response_id = event.response.as_ref().and_then(|r| r.id.clone()).map(Cow::into_owned);
+                seen.response_id = event.response.as_ref().and_then(|r| r.id.as_deref()).map(str::to_owned);
             }
             Kind::Start
         }
@@ -122,7 +122,7 @@ pub fn read_answer(body: &[u8]) -> super::ReadAnswer {
         let error = head.error.map_or("{}", RawValue::get);
         Bytes::from(format!(r#"{{"error":{error}}}"#))
     });
-    super::ReadAnswer { id: head.id.map(Cow::into_owned), failed }
+    super::ReadAnswer { id: head.id.map(|id| id.0.into_owned()), failed }
 }
 
 /// Responses cannot be continued from partial text as a new turn the way
@@ -136,7 +136,7 @@ struct Event<'a> {
     #[serde(rename = "type", borrow)]
     kind: Cow<'a, str>,
     #[serde(borrow, default)]
-    delta: Option<Cow<'a, str>>,
+    delta: Option<Text<'a>>,
     #[serde(borrow, default)]
     response: Option<EventResponse<'a>>,
     #[serde(borrow, default)]
@@ -146,7 +146,7 @@ struct Event<'a> {
 #[derive(Deserialize)]
 struct EventResponse<'a> {
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    id: Option<Text<'a>>,
     #[serde(default)]
     usage: Option<ResponseUsage>,
 }
@@ -168,9 +168,9 @@ struct ResponseUsage {
 #[derive(Deserialize)]
 struct Answer<'a> {
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    id: Option<Text<'a>>,
     #[serde(borrow, default)]
-    status: Option<Cow<'a, str>>,
+    status: Option<Text<'a>>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
 }
