@@ -46,6 +46,23 @@ async fn disconnect_mid_stream_cancels_upstream() {
     assert_serves(&gw).await;
 }
 
+/// Gaps under the idle limit, a stream far longer than it: relayed whole
+/// (the idle timer, armed once, fires early and is re-armed from the last
+/// event each time, never cutting a stream that keeps talking).
+#[tokio::test(start_paused = true)]
+async fn a_stream_longer_than_the_idle_limit_with_short_gaps_is_not_cut() {
+    let sim = sim(&[("real-gpt", Behavior { chunks: 8, chunk_delay_ms: 200, ..Default::default() })]);
+    let gw = gateway(&yaml(&sim, "", "    stream_idle_timeout: 300ms", "")).await;
+    let started = Instant::now();
+    let resp =
+        client().post(url(&gw, "/v1/chat/completions")).body(r#"{"model":"gpt","stream":true}"#).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = tokio::time::timeout(Duration::from_secs(10), resp.text()).await.expect("stream never ended").unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(1_400), "{:?}", started.elapsed());
+    assert_eq!(text.matches(r#""content":"tok"#).count(), 8, "{text}");
+    assert!(text.contains("[DONE]") && !text.contains("sent nothing for"), "{text}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn silent_stream_is_cut_after_idle_timeout() {
     let sim = sim(&[("real-gpt", Behavior { chunks: 3, chunk_delay_ms: 5_000, ..Default::default() })]);
