@@ -37,6 +37,15 @@ pub const HOP: HeaderName = HeaderName::from_static("x-tidegate-hop");
 /// what marks an unrouted request as Anthropic's.
 pub const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 
+/// Whether the client sent any `x-tidegate-*` header (a deadline, a
+/// priority, the hop mark). Nearly no request does, and a lookup by a
+/// name that is not a standard header hashes the name first (~170
+/// instructions each, three per request); one pass over the few names a
+/// request carries costs a fraction of one.
+pub fn any_own(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| name.as_str().starts_with("x-tidegate-"))
+}
+
 /// Headers that describe one hop: never relayed, request or answer.
 /// (`Connection` may name more; callers that forward request headers
 /// drop those too.)
@@ -104,6 +113,19 @@ pub fn label(headers: &mut HeaderMap, id: uuid::Uuid, upstream: Option<&str>, at
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_headers_are_seen_whatever_the_client_wrote_them_as() {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert("x-tidegate", HeaderValue::from_static("1"));
+        assert!(!any_own(&h), "no x-tidegate-* header");
+        for name in [DEADLINE, PRIORITY, HOP, HeaderName::from_bytes(b"X-Tidegate-Deadline").unwrap()] {
+            let mut with = h.clone();
+            with.insert(name.clone(), HeaderValue::from_static("30s"));
+            assert!(any_own(&with), "{name}");
+        }
+    }
 
     #[test]
     fn the_hop_by_hop_check_names_exactly_the_listed_headers() {

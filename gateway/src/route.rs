@@ -92,7 +92,9 @@ pub fn route<'a>(
             Some(lane) => lane.deadline(),
             None => gw.config.client_deadline,
         };
-        let deadline = deadline(base.unwrap_or(model.deadline), &headers, record.started)?;
+        // tidegate's own headers are looked up only when there are any.
+        let own = headers::any_own(&headers);
+        let deadline = deadline(base.unwrap_or(model.deadline), own.then_some(&headers), record.started)?;
         let pin = match &head.previous_response_id {
             Some(id) => pinned(gw, id, model).await?,
             None => None,
@@ -105,7 +107,7 @@ pub fn route<'a>(
             // attempt loop's translation does not wait).
             gw.kept.fetch(id).await;
         }
-        let asked = match headers.get(headers::PRIORITY) {
+        let asked = match own.then(|| headers.get(headers::PRIORITY)).flatten() {
             None => None,
             Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
                 GatewayError::BadRequest(format!(
@@ -142,7 +144,7 @@ pub fn route<'a>(
             gw: gw.clone(),
             endpoint,
             route,
-            chained: headers.contains_key(headers::HOP),
+            chained: own && headers.contains_key(headers::HOP),
             head,
             body,
             client_headers: unpinned(headers),
@@ -216,9 +218,10 @@ async fn pinned(gw: &Gateway, id: &str, route: &ModelRoute) -> Result<Option<Ups
 }
 
 /// The request's deadline: the alias's, shortened (never lengthened) by a
-/// client's `x-tidegate-deadline: 30s`.
-fn deadline(route_deadline: Duration, headers: &HeaderMap, arrived: Instant) -> Result<Instant, GatewayError> {
-    let asked = match headers.get(headers::DEADLINE) {
+/// client's `x-tidegate-deadline: 30s` (`headers`: the client's, when it
+/// sent any of tidegate's own).
+fn deadline(route_deadline: Duration, headers: Option<&HeaderMap>, arrived: Instant) -> Result<Instant, GatewayError> {
+    let asked = match headers.and_then(|h| h.get(headers::DEADLINE)) {
         None => None,
         Some(v) => {
             let text = v.to_str().unwrap_or_default().trim();
