@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use http::header::USER_AGENT;
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderValue};
 
 use crate::classify::Class;
 
@@ -50,9 +50,21 @@ impl Client {
     /// The client, from what it sends: its `user-agent` and Codex's
     /// `originator` header.
     pub fn recognise(headers: &HeaderMap) -> Self {
-        const ORIGINATOR: HeaderName = HeaderName::from_static("originator");
-        let text = |name| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
-        let (agent, originator) = (text(USER_AGENT), text(ORIGINATOR));
+        // One pass over the (few) names, the first of each kept as `get`
+        // would: a lookup of `originator`, not a standard name, hashes it
+        // first, and this runs for every request.
+        let (mut agent, mut originator) = (None, None);
+        for (name, value) in headers {
+            if name == USER_AGENT {
+                agent = agent.or(Some(value));
+            } else if name.as_str() == "originator" {
+                originator = originator.or(Some(value));
+            }
+        }
+        fn text(v: Option<&HeaderValue>) -> &str {
+            v.and_then(|v| v.to_str().ok()).unwrap_or_default()
+        }
+        let (agent, originator) = (text(agent), text(originator));
         if originator.starts_with("codex") || agent.starts_with("codex_") || agent.starts_with("codex-") {
             Client::Codex
         } else if originator == "opencode" || agent.starts_with("opencode/") {
