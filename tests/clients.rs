@@ -13,8 +13,15 @@ use serde_json::Value;
 use tidegate_simulate::{Behavior, Fault};
 use tokio::time::Instant;
 
-const SESSION: &str =
-    r#"{"type":"error","error":{"type":"rate_limit_error","message":"You've hit your session limit · resets 3:20am"}}"#;
+/// Anthropic's session limit, resetting five hours from now (a fixed
+/// "3:20am" would be minutes away for an hour of every day).
+fn session() -> String {
+    let reset = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(5);
+    let at = reset.strftime("%-I:%M%P"); // a Timestamp formats in UTC
+    format!(
+        r#"{{"type":"error","error":{{"type":"rate_limit_error","message":"You've hit your session limit · resets {at}"}}}}"#
+    )
+}
 const C3009: &str = r#"{"error":{"code":"3009","message":"model concurrency limit exceeded"}}"#;
 
 const CODEX: &[(&str, &str)] =
@@ -29,7 +36,7 @@ const SDK: &[(&str, &str)] = &[("user-agent", "OpenAI/Python 2.8.1")];
 fn limited() -> Behavior {
     Behavior {
         busy_for_ms: Some(86_400_000),
-        busy_with: Some(Fault::new(429, SESSION).header("retry-after", "18000")),
+        busy_with: Some(Fault::new(429, &session()).header("retry-after", "18000")),
         ..Default::default()
     }
 }
@@ -180,7 +187,7 @@ async fn a_stop_after_a_committed_stream_is_an_event_codex_does_not_retry() {
 
 /// `lim-real`: two concurrency refusals, then the session limit for good.
 fn sim_with_late_limit() -> tidegate_simulate::Simulator {
-    let refusal = Fault::new(429, SESSION).header("retry-after", "18000");
+    let refusal = Fault::new(429, &session()).header("retry-after", "18000");
     let mut script = vec![Fault::new(429, C3009), Fault::new(429, C3009)];
     script.extend((0..20).map(|_| refusal.clone()));
     sim(&[("lim-real", Behavior { script, ..Default::default() })])

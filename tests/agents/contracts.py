@@ -3,7 +3,7 @@
 whose model names pick the fault:
 
 - `*-limit-*`: every request refused 429, "You've hit your session limit
-  · resets 3:20am", `Retry-After: 18000` (a reset hours away). tidegate
+  · resets <five hours from now>", `Retry-After: 18000`. tidegate
   gives up at once; the agent must exit within 60 s, its output naming the
   limit and when it resets, and the simulator must have seen exactly the
   attempts tidegate journaled — and tidegate exactly one request per turn
@@ -17,6 +17,7 @@ Gemini CLI (Gemini API), opencode (its `openai` provider: Responses API)
 and Qwen Code (chat completions), each given nothing but a base URL.
 """
 
+import datetime
 import json
 import os
 import sqlite3
@@ -26,7 +27,16 @@ import urllib.request
 
 from procs import free_port, wait_healthy, wait_port
 
-LIMIT_BODY = '{"type":"error","error":{"type":"rate_limit_error","message":"You\'ve hit your session limit \u00b7 resets 3:20am"}}'
+
+def reset_in_five_hours():
+    """A session limit's reset written as "7:35am", five hours from now in
+    UTC (a fixed "3:20am" is minutes away for an hour of every day)."""
+    at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=5)
+    return f"{at.hour % 12 or 12}:{at.minute:02d}{'am' if at.hour < 12 else 'pm'}"
+
+
+LIMIT_BODY = json.dumps({"type": "error", "error": {"type": "rate_limit_error",
+                         "message": f"You've hit your session limit \u00b7 resets {reset_in_five_hours()}"}})
 
 # Each agent's model names: (model prefix, short name). Claude Code asks a
 # claude-* model, Gemini CLI a gemini-* one, the others gpt-*.

@@ -9,6 +9,7 @@ line per check and a closing "N passed, N failed" line; exits non-zero on
 any failure.
 """
 
+import datetime
 import os
 import subprocess
 import sys
@@ -27,6 +28,13 @@ from google.genai import types as genai_types
 from procs import free_port, wait_healthy, wait_port
 
 CLIENT_KEY = "sdk-check-client-key"
+
+
+def reset_in_five_hours():
+    """A session limit's reset written as "7:35am", five hours from now in
+    UTC (a fixed "3:20am" is minutes away for an hour of every day)."""
+    at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=5)
+    return f"{at.hour % 12 or 12}:{at.minute:02d}{'am' if at.hour < 12 else 'pm'}"
 
 
 def main():
@@ -139,7 +147,7 @@ models:
   sim-busy:
     status: 429
     error_body: '{"error":{"code":"3009","message":"model concurrency limit exceeded"}}'
-""")
+""".replace("resets 3:20am", f"resets {reset_in_five_hours()}"))
     env = dict(os.environ, RUST_LOG="warn")
     procs = []
     try:
