@@ -36,14 +36,25 @@ BARE_BIN = os.path.abspath("target/release/examples/bare_proxy")
 BARE = 19102
 
 
-def cpu_per_request(pid, port):
-    """CPU µs per request of process `pid` under 500 req/s for LOW_DUR, and
-    the latency percentiles of that run (ms)."""
+def cpu_per_request(pid, port, res):
+    """CPU µs per request of process `pid` under 500 req/s for LOW_DUR, the
+    latency percentiles of that run (ms), and into `res` what the CPU went
+    to: system calls and context switches per request (the same count for
+    two proxies means the difference is their own code), user and kernel
+    time per request."""
     before = run.cpu_ns(pid)
-    d = run.oha(port, BODY, "-z", LOW_DUR, "-q", "500", "--latency-correction", "-c", "32")
+    switches, user, kernel = run.switches_and_ticks(pid)
+    with run.Syscalls(pid) as calls:
+        d = run.oha(port, BODY, "-z", LOW_DUR, "-q", "500", "--latency-correction", "-c", "32")
     used = run.cpu_ns(pid) - before
-    n = sum(d.get("statusCodeDistribution", {}).values())
-    return used * 1e6 / max(n, 1), d["latencyPercentiles"]["p50"] * 1000, d["latencyPercentiles"]["p99"] * 1000
+    switches2, user2, kernel2 = run.switches_and_ticks(pid)
+    n = max(sum(d.get("statusCodeDistribution", {}).values()), 1)
+    res.setdefault("switches", []).append((switches2 - switches) / n)
+    res.setdefault("user", []).append((user2 - user) * 1e6 / n)
+    res.setdefault("kernel", []).append((kernel2 - kernel) * 1e6 / n)
+    if calls.count is not None:
+        res.setdefault("syscalls", []).append(calls.count / n)
+    return used * 1e6 / n, d["latencyPercentiles"]["p50"] * 1000, d["latencyPercentiles"]["p99"] * 1000
 
 
 def main():
@@ -113,7 +124,7 @@ def main():
                     res[n].setdefault("p50", []).append(d["latencyPercentiles"]["p50"] * 1000)
                     res[n].setdefault("p99", []).append(d["latencyPercentiles"]["p99"] * 1000)
                     continue
-                cpu, p50, p99 = cpu_per_request(pids[n], port)
+                cpu, p50, p99 = cpu_per_request(pids[n], port, res[n])
                 res[n].setdefault("cpu", []).append(cpu)
                 res[n].setdefault("p50", []).append(p50)
                 res[n].setdefault("p99", []).append(p99)
@@ -148,6 +159,9 @@ def main():
     row("  × nginx", lambda x: f"{x['rps'] / ng['rps']:.2f}")
     row("CPU µs per request @500/s", lambda x: f"{x['cpu']:.1f}")
     row("  × nginx", lambda x: f"{x['cpu'] / ng['cpu']:.2f}")
+    row("  user / kernel µs (10 ms ticks)", lambda x: f"{x['user']:.0f} / {x['kernel']:.0f}")
+    row("  system calls / context switches per request",
+        lambda x: (f"{x['syscalls']:.2f}" if "syscalls" in x else "–") + f" / {x['switches']:.2f}")
     row("added p50 / p99 @500/s, ms", lambda x: f"{x['p50'] - d['p50']:.3f} / {x['p99'] - d['p99']:.3f}")
     row("SSE 20 chunks: added TTFB / total, ms", lambda x: f"{x['ttfb'] - d['ttfb']:.3f} / {x['total'] - d['total']:.3f}")
     row("1000 slow: ok of 3000", lambda x: f"{x['slow_ok']:.0f}")

@@ -141,6 +141,57 @@ def cpu_ns(pid):
     return total / 1e9
 
 
+def switches_and_ticks(pid):
+    """Context switches of every thread of `pid` (voluntary and not, from
+    /proc/PID/task/*/status) and the process's user and kernel time in
+    seconds (/proc/PID/stat, every thread, 10 ms ticks)."""
+    switches = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                switches += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return switches, int(fields[11]) / tick, int(fields[12]) / tick
+
+
+class Syscalls:
+    """Counts the system calls of `pid` (every thread) while in a `with`
+    block, with `perf stat` on the `raw_syscalls:sys_enter` tracepoint;
+    `count` stays None where perf is missing or not allowed."""
+
+    def __init__(self, pid):
+        self.pid, self.count, self.proc = pid, None, None
+
+    def __enter__(self):
+        self.out = os.path.join(TMP, f"syscalls-{self.pid}.csv")
+        try:
+            self.proc = subprocess.Popen(["perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", str(self.pid),
+                                          "-o", self.out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.2)  # perf attached before the load starts
+        except FileNotFoundError:
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is None:
+            return False
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait()
+        try:
+            with open(self.out) as f:
+                for line in f:
+                    parts = line.split(",")
+                    if len(parts) > 2 and parts[2] == "raw_syscalls:sys_enter" and parts[0].isdigit():
+                        self.count = int(parts[0])
+        except FileNotFoundError:
+            pass
+        return False
+
+
 class AnonPeak:
     """Samples RssAnon of `pid` every 20 ms while in a `with` block: the
     peak of private memory, which VmHWM mixes with code pages mapped from
