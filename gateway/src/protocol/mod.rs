@@ -23,6 +23,7 @@ pub mod json;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod turn;
+pub mod walk;
 
 use std::fmt;
 use std::ops::Range;

@@ -12,10 +12,10 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::json;
-use serde_json::value::RawValue;
 
 use super::ErrorKind;
 use super::events::{Kind, Seen, Text, TextSink, sse_event};
+use super::walk::{Walk, once};
 
 /// `{"error":{"message","type","param","code"}}`, the shape the OpenAI
 /// SDKs parse into their typed exceptions.
@@ -57,7 +57,8 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
     if data.trim() == "[DONE]" {
         return Kind::Done;
     }
-    let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
+    // The walker reads a usual chunk; serde_json whatever it gives up on.
+    let Some(chunk) = read_chunk(data).or_else(|| serde_json::from_str::<Chunk<'_>>(data).ok()) else {
         return Kind::Content;
     };
     if chunk.error.is_some() || (chunk.choices.count == 0 && chunk.usage.is_none() && is_vendor_error(data)) {
@@ -93,10 +94,67 @@ pub fn continuation_body(original: &[u8], partial: &str, model: &str) -> Option<
     super::append_assistant_turn(original, partial, model)
 }
 
+/// A chunk as [`Walk`] reads it: the same [`Chunk`] serde_json would
+/// give, or `None` where it leaves the chunk to serde_json (see
+/// [`super::walk`]).
+fn read_chunk(data: &str) -> Option<Chunk<'_>> {
+    let (mut error, mut choices, mut usage) = (None, None, None);
+    let mut w = Walk::new(data);
+    w.object(|w, key| match key {
+        "error" => once(&mut error, if w.null() { Some(None) } else { w.skip().map(|()| Some(IgnoredAny)) }),
+        "choices" => once(&mut choices, read_choices(w)),
+        "usage" => {
+            let read = match w.null() {
+                true => Some(None),
+                false => w.raw().and_then(|raw| serde_json::from_str::<ChunkUsage>(raw).ok()).map(Some),
+            };
+            once(&mut usage, read)
+        }
+        _ => w.skip(),
+    })?;
+    w.end()?;
+    Some(Chunk { error: error.flatten(), choices: choices.unwrap_or_default(), usage: usage.flatten() })
+}
+
+fn read_choices<'a>(w: &mut Walk<'a>) -> Option<Choices<'a>> {
+    let mut out = Choices::default();
+    w.array(|w| {
+        // A choice written as an array is serde's to read (by position).
+        if !w.at_object() {
+            return None;
+        }
+        let (mut delta, mut finish_reason) = (None, None);
+        w.object(|w, key| match key {
+            "delta" => once(&mut delta, if w.null() { Some(None) } else { read_delta(w).map(Some) }),
+            "finish_reason" => {
+                once(&mut finish_reason, if w.null() { Some(None) } else { w.skip().map(|()| Some(IgnoredAny)) })
+            }
+            _ => w.skip(),
+        })?;
+        out.add(Choice { delta: delta.flatten(), finish_reason: finish_reason.flatten() });
+        Some(())
+    })?;
+    Some(out)
+}
+
+fn read_delta<'a>(w: &mut Walk<'a>) -> Option<Delta<'a>> {
+    if !w.at_object() {
+        return None;
+    }
+    let (mut content, mut tool_calls) = (None, None);
+    w.object(|w, key| match key {
+        "content" => once(&mut content, if w.null() { Some(None) } else { w.string().map(|t| Some(Text(t))) }),
+        "tool_calls" => once(&mut tool_calls, if w.null() { Some(None) } else { w.skip().map(|()| Some(IgnoredAny)) }),
+        _ => w.skip(),
+    })?;
+    Some(Delta { content: content.flatten(), tool_calls: tool_calls.flatten() })
+}
+
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Chunk<'a> {
-    #[serde(borrow, default)]
-    error: Option<&'a RawValue>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
     #[serde(borrow, default)]
     choices: Choices<'a>,
     #[serde(default)]
@@ -107,6 +165,7 @@ struct Chunk<'a> {
 /// chunk (this runs for every event relayed). The text is the choices'
 /// contents in order, borrowed when there is one.
 #[derive(Default)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Choices<'a> {
     count: usize,
     text: Option<Cow<'a, str>>,
@@ -125,21 +184,28 @@ impl<'de: 'a, 'a> Deserialize<'de> for Choices<'a> {
             fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Choices<'a>, A::Error> {
                 let mut out = Choices::default();
                 while let Some(choice) = seq.next_element::<Choice<'de>>()? {
-                    out.count += 1;
-                    out.finished |= choice.finish_reason.is_some();
-                    let Some(delta) = choice.delta else { continue };
-                    out.tool_call |= delta.tool_calls.is_some();
-                    if let Some(Text(content)) = delta.content {
-                        out.text = Some(match out.text.take() {
-                            None => content,
-                            Some(before) => Cow::Owned(before.into_owned() + &content),
-                        });
-                    }
+                    out.add(choice);
                 }
                 Ok(out)
             }
         }
         deserializer.deserialize_seq(Fold(std::marker::PhantomData))
+    }
+}
+
+impl<'a> Choices<'a> {
+    /// One more choice, folded in.
+    fn add(&mut self, choice: Choice<'a>) {
+        self.count += 1;
+        self.finished |= choice.finish_reason.is_some();
+        let Some(delta) = choice.delta else { return };
+        self.tool_call |= delta.tool_calls.is_some();
+        if let Some(Text(content)) = delta.content {
+            self.text = Some(match self.text.take() {
+                None => content,
+                Some(before) => Cow::Owned(before.into_owned() + &content),
+            });
+        }
     }
 }
 
@@ -160,6 +226,7 @@ struct Delta<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct ChunkUsage {
     #[serde(default)]
     prompt_tokens: Option<u64>,
@@ -170,6 +237,66 @@ struct ChunkUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Chunks as providers send them, and odd ones.
+    const CHUNKS: &[&str] = &[
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1733000000,"model":"m","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"logprobs":null,"finish_reason":null}]}"#,
+        r#"{"id":"c","choices":[{"index":0,"delta":{"content":"line\nwith \"quotes\" and \\ \/ \t"},"finish_reason":null}],"usage":null}"#,
+        r#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46,"prompt_tokens_details":{"cached_tokens":0}}}"#,
+        r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]}}]}"#,
+        r#"{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b","tool_calls":null},"finish_reason":null}]}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#,
+        r#"{"error":{"message":"busy","type":"rate_limit_error","code":null}}"#,
+        r#"{"error":null,"choices":[{"delta":null}]}"#,
+        r#" { "choices" : [ { "delta" : { "content" : "spaced é ü 漢字" } , "finish_reason" : null } ] } "#,
+        r#"{"choices":[{"delta":{"content":"x"}}],"extra":[1.5e-3,-0,true,false,{"n":[[]]}]}"#,
+    ];
+
+    #[test]
+    fn the_walker_reads_a_chunk_as_serde_json_does_or_leaves_it_to_serde_json() {
+        // Every usual chunk is read by the walker.
+        for chunk in CHUNKS {
+            let slow = serde_json::from_str::<Chunk<'_>>(chunk).ok();
+            assert!(slow.is_some(), "serde_json reads {chunk}");
+            assert_eq!(read_chunk(chunk), slow, "{chunk}");
+        }
+        // Mutated, each byte dropped or replaced by JSON's punctuation:
+        // where the walker answers, it answers what serde_json does.
+        let (mut answered, mut cases) = (0, 0);
+        let swaps: &[u8] = b"\"\\{}[],:0-.en \x01";
+        for chunk in CHUNKS {
+            let bytes = chunk.as_bytes();
+            for at in 0..bytes.len() {
+                let mut variants = vec![[&bytes[..at], &bytes[at + 1..]].concat()];
+                variants.extend(swaps.iter().map(|&b| [&bytes[..at], &[b][..], &bytes[at + 1..]].concat()));
+                for v in variants {
+                    let Ok(text) = std::str::from_utf8(&v) else { continue };
+                    cases += 1;
+                    if let Some(fast) = read_chunk(text) {
+                        answered += 1;
+                        assert_eq!(Some(fast), serde_json::from_str::<Chunk<'_>>(text).ok(), "{text}");
+                    }
+                }
+            }
+        }
+        assert!(cases > 10_000 && answered > cases / 4, "{answered} of {cases} answered");
+    }
+
+    #[test]
+    fn a_duplicate_field_or_a_choice_as_an_array_is_serde_jsons_to_read() {
+        for chunk in [
+            r#"{"choices":[{"delta":{"content":"a"}}],"choices":[]}"#,
+            r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
+            r#"{"choices":[[{"content":"a"},null]]}"#,
+            r#"{"choices":[{"delta":{"content":"\u00e9"}}]}"#,
+        ] {
+            assert_eq!(read_chunk(chunk), None, "{chunk}");
+            let mut seen = Seen::default();
+            inspect(None, chunk, &mut seen, 100);
+            let slow = serde_json::from_str::<Chunk<'_>>(chunk).ok();
+            assert_eq!(seen.text, slow.and_then(|c| c.choices.text).unwrap_or_default(), "{chunk}");
+        }
+    }
 
     #[test]
     fn a_chunks_choices_are_read_in_order_without_a_list() {

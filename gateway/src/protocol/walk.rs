@@ -1,0 +1,318 @@
+//! Reading a few fields of a streamed event without serde's generic
+//! machinery. Every event relayed is read (for its text, usage, tool
+//! calls and errors: what keeps partial output and sees a `200` + error
+//! frame), and serde_json's derived readers spent ~3,000 instructions on a
+//! 150-byte chat chunk — a quarter of tidegate's cost per relayed event.
+//! [`Walk`] reads the same grammar in a few hundred.
+//!
+//! It is a fast path, not a second parser: whatever it is not sure to read
+//! exactly as serde_json would (an escaped key, a `\u` escape, a choice
+//! written as an array, a duplicate field, nesting deeper than
+//! [`MAX_DEPTH`]) makes it give up (`None`), and the caller reads the
+//! event with serde_json instead. Where it does answer, it validates what
+//! it skips as serde_json does (strings, numbers, literals, nesting,
+//! nothing after the value), so a malformed event is still malformed.
+//! The protocols' tests compare the two readers on mutated events.
+
+use std::borrow::Cow;
+
+/// Deeper than this, serde_json decides (its own limit is 128).
+pub const MAX_DEPTH: usize = 64;
+
+/// The bytes that end a plain run in a string: `"`, `\` and controls.
+static STOPS: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        t[c] = true;
+        c += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
+/// A cursor over one JSON text.
+pub struct Walk<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Walk<'a> {
+    /// A cursor at the start of `text`.
+    pub fn new(text: &'a str) -> Self {
+        Walk { text, at: 0 }
+    }
+
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
+    /// The next byte that is not JSON whitespace, not consumed.
+    fn peek(&mut self) -> Option<u8> {
+        let b = self.bytes();
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(self.at) {
+            self.at += 1;
+        }
+        b.get(self.at).copied()
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        let hit = self.peek() == Some(c);
+        self.at += usize::from(hit);
+        hit
+    }
+
+    /// Each member of an object, in order: `member` gets its key (one
+    /// without escapes: an escaped key gives up) and must read or skip the
+    /// value.
+    pub fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        if !self.eat(b'{') {
+            return None;
+        }
+        if self.eat(b'}') {
+            return Some(());
+        }
+        loop {
+            if self.peek() != Some(b'"') {
+                return None;
+            }
+            let Cow::Borrowed(key) = self.string()? else { return None };
+            if !self.eat(b':') {
+                return None;
+            }
+            member(self, key)?;
+            if self.eat(b',') {
+                continue;
+            }
+            return self.eat(b'}').then_some(());
+        }
+    }
+
+    /// Each element of an array, in order: `element` must read or skip it.
+    pub fn array(&mut self, mut element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        if !self.eat(b'[') {
+            return None;
+        }
+        if self.eat(b']') {
+            return Some(());
+        }
+        loop {
+            element(self)?;
+            if self.eat(b',') {
+                continue;
+            }
+            return self.eat(b']').then_some(());
+        }
+    }
+
+    /// Whether the next value is an object (not consumed).
+    pub fn at_object(&mut self) -> bool {
+        self.peek() == Some(b'{')
+    }
+
+    /// Consumes a `null`, if that is the next value.
+    pub fn null(&mut self) -> bool {
+        let hit = self.peek() == Some(b'n') && self.bytes()[self.at..].starts_with(b"null");
+        self.at += if hit { 4 } else { 0 };
+        hit
+    }
+
+    /// A string value, borrowed when it holds no escape. One with a `\u`
+    /// escape, or anything else serde_json would not read as a string,
+    /// gives up.
+    pub fn string(&mut self) -> Option<Cow<'a, str>> {
+        if self.peek() != Some(b'"') {
+            return None;
+        }
+        let start = self.at;
+        let b = self.bytes();
+        let mut i = start + 1;
+        let mut escaped = false;
+        loop {
+            // Strings in events are short (keys, ids, a token's text): a
+            // table look per byte beats setting up a wider scan.
+            i += b.get(i..)?.iter().position(|&c| STOPS[usize::from(c)])?;
+            match *b.get(i)? {
+                b'"' => break,
+                b'\\' => {
+                    // A `\u` escape (surrogates) is serde_json's to judge.
+                    match *b.get(i + 1)? {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                        _ => return None,
+                    }
+                    escaped = true;
+                    i += 2;
+                }
+                0..0x20 => return None,
+                _ => i += 1,
+            }
+        }
+        self.at = i + 1;
+        if !escaped {
+            return self.text.get(start + 1..i).map(Cow::Borrowed);
+        }
+        serde_json::from_str::<String>(self.text.get(start..=i)?).ok().map(Cow::Owned)
+    }
+
+    /// Skips any value, checked as serde_json checks it.
+    pub fn skip(&mut self) -> Option<()> {
+        self.skip_at(0)
+    }
+
+    fn skip_at(&mut self, depth: usize) -> Option<()> {
+        if depth >= MAX_DEPTH {
+            return None;
+        }
+        match self.peek()? {
+            b'{' => self.object(|w, _| w.skip_at(depth + 1)),
+            b'[' => self.array(|w| w.skip_at(depth + 1)),
+            b'"' => self.string().map(drop),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            _ => self.number(),
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        let hit = self.bytes()[self.at..].starts_with(word);
+        self.at += if hit { word.len() } else { 0 };
+        hit.then_some(())
+    }
+
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
+    fn number(&mut self) -> Option<()> {
+        let b = self.bytes();
+        let mut i = self.at;
+        let digits = |i: &mut usize| {
+            let from = *i;
+            while b.get(*i).is_some_and(u8::is_ascii_digit) {
+                *i += 1;
+            }
+            *i > from
+        };
+        if b.get(i) == Some(&b'-') {
+            i += 1;
+        }
+        match b.get(i)? {
+            b'0' => i += 1,
+            b'1'..=b'9' => {
+                digits(&mut i);
+            }
+            _ => return None,
+        }
+        if b.get(i) == Some(&b'.') {
+            i += 1;
+            if !digits(&mut i) {
+                return None;
+            }
+        }
+        if let Some(b'e' | b'E') = b.get(i) {
+            i += 1;
+            if let Some(b'+' | b'-') = b.get(i) {
+                i += 1;
+            }
+            if !digits(&mut i) {
+                return None;
+            }
+        }
+        self.at = i;
+        Some(())
+    }
+
+    /// Skips a value and gives its text, for serde_json to read (a rare,
+    /// small part such as a usage object).
+    pub fn raw(&mut self) -> Option<&'a str> {
+        self.peek()?;
+        let start = self.at;
+        self.skip()?;
+        self.text.get(start..self.at)
+    }
+
+    /// Succeeds when nothing but whitespace is left.
+    pub fn end(&mut self) -> Option<()> {
+        (self.peek().is_none()).then_some(())
+    }
+}
+
+/// Sets a field read once: a second time gives up (serde's derived
+/// readers refuse a duplicate field, and serde_json's answer is the one
+/// that counts).
+pub fn once<T>(slot: &mut Option<T>, value: Option<T>) -> Option<()> {
+    match slot {
+        Some(_) => None,
+        None => {
+            *slot = Some(value?);
+            Some(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Skips one whole text with the walker; `None` when it gave up.
+    fn walks(text: &str) -> Option<()> {
+        let mut w = Walk::new(text);
+        w.skip()?;
+        w.end()
+    }
+
+    #[test]
+    fn it_accepts_only_what_serde_json_accepts() {
+        let texts = [
+            r#"{"a":[1,-2.5e+3,0,true,false,null,"x\n\"y"],"b":{}}"#,
+            " [ ] ",
+            r#"{"a":01}"#,
+            r#"{"a":1.}"#,
+            r#"{"a":-}"#,
+            r#"{"a":1e}"#,
+            r#"{"a":tru}"#,
+            r#"{"a":1,}"#,
+            r#"[1,]"#,
+            r#"{"a" 1}"#,
+            r#"{"a":"b"} x"#,
+            r#"{"a":"b\q"}"#,
+            "{\"a\":\"b\u{1}\"}",
+            r#"{"a":"unterminated}"#,
+            r#"{"é":"ü","k":"v"}"#,
+        ];
+        for text in texts {
+            let serde = serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok();
+            if let Some(()) = walks(text) {
+                assert!(serde, "walked what serde_json refuses: {text}");
+            } else {
+                assert!(!serde, "gave up on what serde_json reads: {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn strings_are_borrowed_without_escapes_and_decoded_with_them() {
+        let mut w = Walk::new(r#""plain text""#);
+        assert!(matches!(w.string(), Some(Cow::Borrowed("plain text"))));
+        let mut w = Walk::new(r#""a long line, longer than eight bytes, with \"quotes\"\n""#);
+        assert_eq!(w.string().as_deref(), Some("a long line, longer than eight bytes, with \"quotes\"\n"));
+        // `\u` is serde_json's to read: the walker gives up.
+        assert_eq!(Walk::new(r#""\u00e9""#).string(), None);
+        assert_eq!(Walk::new(r#"{"\u0061":1}"#).object(|w, _| w.skip()), None);
+    }
+
+    #[test]
+    fn nesting_beyond_its_depth_is_left_to_serde_json() {
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert_eq!(walks(&deep), None);
+        let shallow = format!("{}{}", "[".repeat(MAX_DEPTH - 1), "]".repeat(MAX_DEPTH - 1));
+        assert_eq!(walks(&shallow), Some(()));
+    }
+
+    #[test]
+    fn a_field_read_twice_gives_up() {
+        let mut slot = None;
+        assert_eq!(once(&mut slot, Some(1)), Some(()));
+        assert_eq!(once(&mut slot, Some(2)), None);
+        assert_eq!(slot, Some(1));
+    }
+}
