@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 
 use crate::anomaly::Anomaly;
@@ -71,7 +71,7 @@ pub struct Gateway {
     /// The shutdown grace is over: streams still running end with their
     /// protocol's error event, requests still waiting are answered 503
     /// (one token for every generation of the config).
-    pub closing: CancellationToken,
+    pub closing: Closing,
     /// Held while a request chooses between targets and counts itself on
     /// the one it chose ([`crate::relay::targets::Targets::pick`]): two
     /// requests arriving at once on two runtime threads would otherwise
@@ -411,5 +411,40 @@ impl Live {
         if let Some(follower) = self.follower.lock().ok().and_then(|mut f| f.take()) {
             follower.abort();
         }
+    }
+}
+
+/// The end of the shutdown grace: a token for what waits on it, and a flag
+/// for what only asks whether it came — a relayed stream asks on every
+/// poll that finds its upstream quiet, and a token's check takes a lock.
+/// Clones share both (one for every generation of the config).
+#[derive(Clone, Default)]
+pub struct Closing {
+    token: CancellationToken,
+    over: Arc<AtomicBool>,
+}
+
+impl Closing {
+    /// The grace is over: the flag first, so a task woken by the token
+    /// reads it set.
+    pub fn close(&self) {
+        self.over.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    /// Whether [`Closing::close`] was called (an atomic load).
+    pub fn is_over(&self) -> bool {
+        self.over.load(Ordering::Acquire)
+    }
+
+    /// Resolves once closed.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
+
+    /// Resolves once closed, holding its own handle (for a body that
+    /// outlives the request's task).
+    pub fn cancelled_owned(&self) -> WaitForCancellationFutureOwned {
+        self.token.clone().cancelled_owned()
     }
 }

@@ -12,13 +12,20 @@ const LOW: u64 = 0x0101_0101_0101_0101;
 const HIGH: u64 = 0x8080_8080_8080_8080;
 
 /// Whether any of the eight bytes needs an escape: a control byte, `"` or
-/// `\`. Exact (the borrow of a subtraction only spreads above a byte that
-/// matched).
+/// `\`.
 fn needs_escape(x: u64) -> bool {
+    escapes(x) != 0
+}
+
+/// The high bit of every byte of `x` (eight bytes read little-endian)
+/// that is a control byte, `"` or `\`. The lowest one set is exact (the
+/// borrow of a subtraction only spreads above a byte that matched), so
+/// `trailing_zeros() / 8` is the first such byte's index.
+pub fn escapes(x: u64) -> u64 {
     let control = x.wrapping_sub(LOW * 0x20) & !x;
     let quote = (x ^ (LOW * b'"' as u64)).wrapping_sub(LOW) & !(x ^ (LOW * b'"' as u64));
     let backslash = (x ^ (LOW * b'\\' as u64)).wrapping_sub(LOW) & !(x ^ (LOW * b'\\' as u64));
-    (control | quote | backslash) & HIGH != 0
+    (control | quote | backslash) & HIGH
 }
 
 /// The escape serde_json writes for `b`, if it needs one.

@@ -16,6 +16,11 @@
 
 use std::borrow::Cow;
 
+use serde::de::{DeserializeOwned, IgnoredAny};
+
+use super::events::Text;
+use super::json::escapes;
+
 /// Deeper than this, serde_json decides (its own limit is 128).
 pub const MAX_DEPTH: usize = 64;
 
@@ -49,12 +54,17 @@ impl<'a> Walk<'a> {
     }
 
     /// The next byte that is not JSON whitespace, not consumed.
+    #[inline(always)]
     fn peek(&mut self) -> Option<u8> {
         let b = self.bytes();
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(self.at) {
+        loop {
+            let c = *b.get(self.at)?;
+            // Events are written compact: one compare settles nearly all.
+            if c > b' ' || !matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
+                return Some(c);
+            }
             self.at += 1;
         }
-        b.get(self.at).copied()
     }
 
     fn eat(&mut self, c: u8) -> bool {
@@ -63,10 +73,10 @@ impl<'a> Walk<'a> {
         hit
     }
 
-    /// Each member of an object, in order: `member` gets its key (one
-    /// without escapes: an escaped key gives up) and must read or skip the
-    /// value.
-    pub fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+    /// Each member of an object, in order: `member` gets its key's bytes
+    /// (one without escapes: an escaped key gives up) and must read or
+    /// skip the value.
+    pub fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
         if !self.eat(b'{') {
             return None;
         }
@@ -77,7 +87,7 @@ impl<'a> Walk<'a> {
             if self.peek() != Some(b'"') {
                 return None;
             }
-            let Cow::Borrowed(key) = self.string()? else { return None };
+            let key = self.key_here()?;
             if !self.eat(b':') {
                 return None;
             }
@@ -125,14 +135,39 @@ impl<'a> Walk<'a> {
         if self.peek() != Some(b'"') {
             return None;
         }
+        self.string_here()
+    }
+
+    /// [`Walk::string`] when the caller has seen the opening `"`.
+    fn string_here(&mut self) -> Option<Cow<'a, str>> {
         let start = self.at;
+        let (end, escaped) = self.scan_string()?;
+        if !escaped {
+            return self.text.get(start + 1..end).map(Cow::Borrowed);
+        }
+        serde_json::from_str::<String>(self.text.get(start..=end)?).ok().map(Cow::Owned)
+    }
+
+    /// A key without escapes, as bytes (what it is compared with is
+    /// ASCII), the caller having seen its opening `"`.
+    #[inline(always)]
+    fn key_here(&mut self) -> Option<&'a [u8]> {
+        let start = self.at;
+        match self.scan_string()? {
+            (end, false) => self.bytes().get(start + 1..end),
+            (_, true) => None,
+        }
+    }
+
+    /// Moves past the string that starts here (at its `"`): the index of
+    /// its closing quote, and whether it holds an escape.
+    #[inline(always)]
+    fn scan_string(&mut self) -> Option<(usize, bool)> {
         let b = self.bytes();
-        let mut i = start + 1;
+        let mut i = self.at + 1;
         let mut escaped = false;
         loop {
-            // Strings in events are short (keys, ids, a token's text): a
-            // table look per byte beats setting up a wider scan.
-            i += b.get(i..)?.iter().position(|&c| STOPS[usize::from(c)])?;
+            i = next_stop(b, i)?;
             match *b.get(i)? {
                 b'"' => break,
                 b'\\' => {
@@ -144,20 +179,23 @@ impl<'a> Walk<'a> {
                     escaped = true;
                     i += 2;
                 }
-                0..0x20 => return None,
-                _ => i += 1,
+                _ => return None,
             }
         }
         self.at = i + 1;
-        if !escaped {
-            return self.text.get(start + 1..i).map(Cow::Borrowed);
-        }
-        serde_json::from_str::<String>(self.text.get(start..=i)?).ok().map(Cow::Owned)
+        Some((i, escaped))
     }
 
-    /// Skips any value, checked as serde_json checks it.
+    /// Skips any value, checked as serde_json checks it. A string or a
+    /// number (most of what is skipped: ids, names, indexes) is skipped
+    /// here; only nesting goes through the recursive [`Walk::skip_at`].
+    #[inline]
     pub fn skip(&mut self) -> Option<()> {
-        self.skip_at(0)
+        match self.peek()? {
+            b'"' => self.scan_string().map(drop),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => self.skip_at(0),
+        }
     }
 
     fn skip_at(&mut self, depth: usize) -> Option<()> {
@@ -167,7 +205,7 @@ impl<'a> Walk<'a> {
         match self.peek()? {
             b'{' => self.object(|w, _| w.skip_at(depth + 1)),
             b'[' => self.array(|w| w.skip_at(depth + 1)),
-            b'"' => self.string().map(drop),
+            b'"' => self.scan_string().map(drop),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
@@ -230,10 +268,71 @@ impl<'a> Walk<'a> {
         self.text.get(start..self.at)
     }
 
+    /// A field whose value matters only by being there: `null` is
+    /// `Some(None)`, any other value is skipped and `Some(Some(_))`, as
+    /// serde reads an `Option<IgnoredAny>`.
+    pub fn present(&mut self) -> Option<Option<IgnoredAny>> {
+        if self.null() {
+            return Some(None);
+        }
+        self.skip().map(|()| Some(IgnoredAny))
+    }
+
+    /// A text field: `null` or a string, as serde reads an
+    /// `Option<Text>`.
+    pub fn text(&mut self) -> Option<Option<Text<'a>>> {
+        if self.null() {
+            return Some(None);
+        }
+        self.string().map(|t| Some(Text(t)))
+    }
+
+    /// A rare, small part (a usage object) read by serde_json: `null`, or
+    /// a value serde_json reads as `T` (one it refuses gives up, and the
+    /// whole event is serde_json's, which refuses it too).
+    pub fn part<T: DeserializeOwned>(&mut self) -> Option<Option<T>> {
+        if self.null() {
+            return Some(None);
+        }
+        self.raw().and_then(|raw| serde_json::from_str::<T>(raw).ok()).map(Some)
+    }
+
+    /// An object's `type` string, its other members skipped: `null` is
+    /// `Some(None)`, an object without a `type` gives up (serde's derived
+    /// reader refuses it), as serde reads an `Option<{type}>`.
+    pub fn typed(&mut self) -> Option<Option<Cow<'a, str>>> {
+        if self.null() {
+            return Some(None);
+        }
+        if !self.at_object() {
+            return None;
+        }
+        let mut kind = None;
+        self.object(|w, key| match key {
+            b"type" => once(&mut kind, w.string()),
+            _ => w.skip(),
+        })?;
+        kind.map(Some)
+    }
+
     /// Succeeds when nothing but whitespace is left.
     pub fn end(&mut self) -> Option<()> {
         (self.peek().is_none()).then_some(())
     }
+}
+
+/// The index of the first `"`, `\\` or control byte at or after `i`:
+/// eight bytes at a time while eight are left (a string's end is nearly
+/// always followed by more of the text), then a byte at a time.
+fn next_stop(b: &[u8], mut i: usize) -> Option<usize> {
+    while let Some(word) = b.get(i..i + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+        let stops = escapes(u64::from_le_bytes(word));
+        if stops != 0 {
+            return Some(i + (stops.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    Some(i + b.get(i..)?.iter().position(|&c| STOPS[usize::from(c)])?)
 }
 
 /// Sets a field read once: a second time gives up (serde's derived
@@ -247,6 +346,30 @@ pub fn once<T>(slot: &mut Option<T>, value: Option<T>) -> Option<()> {
             Some(())
         }
     }
+}
+
+/// Each text, and its variants with one byte dropped or replaced by
+/// JSON's punctuation (a quote, a backslash, brackets, a digit, a control
+/// byte...), given to `check`, which asserts that the walker agrees with
+/// serde_json wherever it answers and says whether it answered. Returns
+/// how many it answered, of how many.
+#[cfg(test)]
+pub(crate) fn mutated(texts: &[&str], mut check: impl FnMut(&str) -> bool) -> (usize, usize) {
+    let (mut answered, mut cases) = (0, 0);
+    let swaps: &[u8] = b"\"\\{}[],:0-.en \x01";
+    for text in texts {
+        let bytes = text.as_bytes();
+        for at in 0..bytes.len() {
+            let mut variants = vec![[&bytes[..at], &bytes[at + 1..]].concat()];
+            variants.extend(swaps.iter().map(|&b| [&bytes[..at], &[b][..], &bytes[at + 1..]].concat()));
+            for v in variants {
+                let Ok(text) = std::str::from_utf8(&v) else { continue };
+                cases += 1;
+                answered += usize::from(check(text));
+            }
+        }
+    }
+    (answered, cases)
 }
 
 #[cfg(test)]
@@ -298,6 +421,33 @@ mod tests {
         // `\u` is serde_json's to read: the walker gives up.
         assert_eq!(Walk::new(r#""\u00e9""#).string(), None);
         assert_eq!(Walk::new(r#"{"\u0061":1}"#).object(|w, _| w.skip()), None);
+    }
+
+    #[test]
+    fn the_word_scan_finds_the_first_stop_a_byte_scan_finds() {
+        // Every stop and some bytes near them in value (0x1f/0x20, 0x21/0x23,
+        // 0x5b/0x5d, high bytes whose subtraction borrows), at every offset
+        // of texts up to 40 bytes, after every prefix of plain bytes.
+        let bytes = [b'"', b'\\', 0, 0x1f, 0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xa0, 0xdf, 0xff, b'a'];
+        for len in 0..40 {
+            for at in 0..=len {
+                for &b in &bytes {
+                    for &second in &[b'a', b'"', 0x01] {
+                        let mut text = vec![b'x'; len];
+                        if at < len {
+                            text[at] = b;
+                        }
+                        if at + 3 < len {
+                            text[at + 3] = second;
+                        }
+                        for from in 0..=len.min(9) {
+                            let naive = text[from..].iter().position(|&c| STOPS[usize::from(c)]).map(|i| i + from);
+                            assert_eq!(next_stop(&text, from), naive, "{text:?} from {from}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl Running {
         };
         if !drained {
             tracing::warn!(in_flight = gw.sink.active(), "shutdown grace over: ending what is still running");
-            gw.closing.cancel();
+            gw.closing.close();
             let _ = tokio::time::timeout(Duration::from_secs(2), gw.sink.idle()).await;
         }
         self.stop.cancel();

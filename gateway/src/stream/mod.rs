@@ -29,7 +29,7 @@ use crate::upstream::UpstreamBody;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::classify::Class;
 use crate::ids::UpstreamId;
@@ -142,7 +142,7 @@ pub struct RelayBody {
 /// The shutdown signal a stream ends on: the wait (polled to be woken)
 /// and its token (read to know it fired without polling the wait).
 struct Closing {
-    token: CancellationToken,
+    over: crate::gateway::Closing,
     wait: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
@@ -269,10 +269,10 @@ impl RelayBody {
         }
     }
 
-    /// Ends this stream with its protocol's error event when `token` is
-    /// cancelled (the shutdown grace is over).
-    pub fn close_with(&mut self, token: &CancellationToken) {
-        self.closing = Some(Closing { token: token.clone(), wait: Box::pin(token.clone().cancelled_owned()) });
+    /// Ends this stream with its protocol's error event when `closing`
+    /// is closed (the shutdown grace is over).
+    pub fn close_with(&mut self, closing: &crate::gateway::Closing) {
+        self.closing = Some(Closing { over: closing.clone(), wait: Box::pin(closing.cancelled_owned()) });
         self.armed_for = None;
     }
 
@@ -671,7 +671,7 @@ impl RelayBody {
                 Poll::Pending => {
                     let deadline = this.last_frame + this.idle;
                     if this.armed_for.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
-                        && this.closing.as_ref().is_none_or(|c| !c.token.is_cancelled())
+                        && this.closing.as_ref().is_none_or(|c| !c.over.is_over())
                         && this.timer.as_ref().is_some_and(|t| !t.is_elapsed() && t.deadline() <= deadline)
                     {
                         return Poll::Pending;

@@ -101,9 +101,14 @@ impl Scanner {
     /// offset just past it, or `None` when no complete event is left.
     pub fn next_event(&mut self) -> Option<(Kind, usize)> {
         let start = self.scanned;
+        let held: &[u8] = if self.whole.is_empty() { &self.pending } else { &self.whole };
+        // Nothing arrived since the last search (asked again after each
+        // event and on every poll that finds the upstream quiet).
+        if self.searched >= held.len() {
+            return None;
+        }
         // Resume the search a few bytes back: a separator may straddle reads.
         let from = self.searched.saturating_sub(2).max(start);
-        let held: &[u8] = if self.whole.is_empty() { &self.pending } else { &self.whole };
         let Some(len) = event_end(&held[from..]) else {
             self.searched = held.len();
             return None;

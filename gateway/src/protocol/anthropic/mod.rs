@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::ErrorKind;
 use super::events::{Kind, Seen, Text, TextSink, sse_event};
+use super::walk::{Walk, once};
 
 /// `{"type":"error","error":{"type","message"}}`, the shape the Anthropic
 /// SDKs parse into their typed exceptions.
@@ -50,7 +51,8 @@ pub fn models_list<'a>(aliases: impl Iterator<Item = &'a str>) -> Bytes {
 
 /// What one messages-stream event is.
 pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize) -> Kind {
-    let event = serde_json::from_str::<Event<'_>>(data).ok();
+    // The walker reads a usual event; serde_json whatever it gives up on.
+    let event = read_event(data).or_else(|| serde_json::from_str::<Event<'_>>(data).ok());
     let kind = name.map(Cow::Borrowed).or_else(|| event.as_ref().map(|e| e.kind.clone()));
     let Some(kind) = kind else { return Kind::Content };
     match kind.as_ref() {
@@ -89,7 +91,46 @@ pub fn continuation_body(original: &[u8], partial: &str, model: &str) -> Option<
     super::append_assistant_turn(original, partial.trim_end(), model)
 }
 
+/// An event as [`Walk`] reads it: the same [`Event`] serde_json would
+/// give, or `None` where it leaves the event to serde_json (see
+/// [`super::walk`]). `message` (once per answer, in `message_start`) and
+/// `usage` are small parts serde_json reads.
+fn read_event(data: &str) -> Option<Event<'_>> {
+    let (mut kind, mut delta, mut usage, mut message, mut block) = (None, None, None, None, None);
+    let mut w = Walk::new(data);
+    w.object(|w, key| match key {
+        b"type" => once(&mut kind, w.string()),
+        b"delta" => once(&mut delta, if w.null() { Some(None) } else { read_delta(w).map(Some) }),
+        b"usage" => once(&mut usage, w.part::<EventUsage>()),
+        b"message" => once(&mut message, w.part::<Message>()),
+        b"content_block" => once(&mut block, w.typed().map(|kind| kind.map(|kind| Block { kind }))),
+        _ => w.skip(),
+    })?;
+    w.end()?;
+    Some(Event {
+        kind: kind?,
+        delta: delta.flatten(),
+        usage: usage.flatten(),
+        message: message.flatten(),
+        content_block: block.flatten(),
+    })
+}
+
+fn read_delta<'a>(w: &mut Walk<'a>) -> Option<Delta<'a>> {
+    if !w.at_object() {
+        return None;
+    }
+    let (mut text, mut partial_json) = (None, None);
+    w.object(|w, key| match key {
+        b"text" => once(&mut text, w.text()),
+        b"partial_json" => once(&mut partial_json, w.present()),
+        _ => w.skip(),
+    })?;
+    Some(Delta { text: text.flatten(), partial_json: partial_json.flatten() })
+}
+
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Event<'a> {
     #[serde(rename = "type", borrow)]
     kind: Cow<'a, str>,
@@ -104,6 +145,7 @@ struct Event<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Delta<'a> {
     #[serde(borrow, default)]
     text: Option<Text<'a>>,
@@ -112,21 +154,87 @@ struct Delta<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Block<'a> {
     #[serde(rename = "type", borrow)]
     kind: Cow<'a, str>,
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Message {
     #[serde(default)]
     usage: Option<EventUsage>,
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct EventUsage {
     #[serde(default)]
     input_tokens: Option<u64>,
     #[serde(default)]
     output_tokens: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events as the Messages API sends them, and odd ones.
+    const EVENTS: &[&str] = &[
+        r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,"cache_read_input_tokens":0,"output_tokens":1}}}"#,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"line\nwith \"quotes\" é 漢字"}}"#,
+        r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"f","input":{}}}"#,
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":2}}"#,
+        r#"{"type":"ping"}"#,
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+        r#" { "type" : "content_block_delta" , "delta" : { "text" : null , "partial_json" : null } , "content_block" : null , "usage" : null } "#,
+    ];
+
+    #[test]
+    fn the_walker_reads_an_event_as_serde_json_does_or_leaves_it_to_serde_json() {
+        for event in EVENTS {
+            let slow = serde_json::from_str::<Event<'_>>(event).ok();
+            assert!(slow.is_some(), "serde_json reads {event}");
+            assert_eq!(read_event(event), slow, "{event}");
+        }
+        let (answered, cases) = super::super::walk::mutated(EVENTS, |text| match read_event(text) {
+            Some(fast) => {
+                assert_eq!(Some(fast), serde_json::from_str::<Event<'_>>(text).ok(), "{text}");
+                true
+            }
+            None => false,
+        });
+        assert!(cases > 10_000 && answered > cases / 4, "{answered} of {cases} answered");
+        // What it leaves to serde_json: a duplicate, a `\u` escape, a
+        // missing `type`.
+        for event in [
+            r#"{"type":"a","type":"b"}"#,
+            r#"{"type":"content_block_delta","delta":{"text":"\u00e9"}}"#,
+            r#"{"delta":{"text":"x"}}"#,
+        ] {
+            assert!(read_event(event).is_none(), "{event}");
+        }
+    }
+
+    #[test]
+    fn an_event_gives_its_text_tool_use_and_usage() {
+        let mut seen = Seen::default();
+        assert_eq!(inspect(Some("message_start"), EVENTS[0], &mut seen, 100), Kind::Start);
+        assert_eq!(inspect(Some("content_block_delta"), EVENTS[2], &mut seen, 100), Kind::Content);
+        assert_eq!(seen.text, "line\nwith \"quotes\" é 漢字");
+        assert!(!seen.tool_call);
+        assert_eq!(inspect(Some("content_block_start"), EVENTS[3], &mut seen, 100), Kind::BlockStart);
+        assert!(seen.tool_call);
+        assert_eq!(inspect(None, EVENTS[5], &mut seen, 100), Kind::Content);
+        assert_eq!((seen.usage.input, seen.usage.output), (Some(10), Some(2)));
+        assert_eq!(inspect(Some("ping"), EVENTS[6], &mut seen, 100), Kind::KeepAlive);
+        assert_eq!(inspect(None, EVENTS[7], &mut seen, 100), Kind::Error);
+        // The `\u` escape goes to serde_json and is still read.
+        let mut seen = Seen::default();
+        inspect(None, r#"{"type":"content_block_delta","delta":{"text":"\u00e9"}}"#, &mut seen, 100);
+        assert_eq!(seen.text, "é");
+    }
 }

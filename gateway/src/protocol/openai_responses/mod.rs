@@ -26,6 +26,7 @@ use serde_json::value::RawValue;
 use super::ErrorKind;
 use super::events::{Kind, Seen, Text, TextSink, sse_event};
 use super::openai_chat;
+use super::walk::{Walk, once};
 
 /// HTTP errors: the OpenAI shape.
 pub fn error_body(kind: ErrorKind, message: &str, code: Option<&str>) -> Bytes {
@@ -70,7 +71,8 @@ pub fn error_event_coded(kind: ErrorKind, code: &str, message: &str) -> Bytes {
 
 /// What one Responses stream event is.
 pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize) -> Kind {
-    let event = serde_json::from_str::<Event<'_>>(data).ok();
+    // The walker reads a usual event; serde_json whatever it gives up on.
+    let event = read_event(data).or_else(|| serde_json::from_str::<Event<'_>>(data).ok());
     let kind = event.as_ref().map(|e| e.kind.clone()).or_else(|| name.map(Cow::Borrowed));
     let Some(kind) = kind else { return Kind::Content };
     let Some(event) = event else {
@@ -131,7 +133,39 @@ pub fn continuation_body(_original: &[u8], _partial: &str, _model: &str) -> Opti
     None
 }
 
+/// An event as [`Walk`] reads it: the same [`Event`] serde_json would
+/// give, or `None` where it leaves the event to serde_json (see
+/// [`super::walk`]). A `response` object (at the start and the end) is
+/// walked for its `id` and `usage`, the rest of it skipped.
+fn read_event(data: &str) -> Option<Event<'_>> {
+    let (mut kind, mut delta, mut response, mut item) = (None, None, None, None);
+    let mut w = Walk::new(data);
+    w.object(|w, key| match key {
+        b"type" => once(&mut kind, w.string()),
+        b"delta" => once(&mut delta, w.text()),
+        b"response" => once(&mut response, if w.null() { Some(None) } else { read_response(w).map(Some) }),
+        b"item" => once(&mut item, w.typed().map(|kind| kind.map(|kind| Item { kind }))),
+        _ => w.skip(),
+    })?;
+    w.end()?;
+    Some(Event { kind: kind?, delta: delta.flatten(), response: response.flatten(), item: item.flatten() })
+}
+
+fn read_response<'a>(w: &mut Walk<'a>) -> Option<EventResponse<'a>> {
+    if !w.at_object() {
+        return None;
+    }
+    let (mut id, mut usage) = (None, None);
+    w.object(|w, key| match key {
+        b"id" => once(&mut id, w.text()),
+        b"usage" => once(&mut usage, w.part::<ResponseUsage>()),
+        _ => w.skip(),
+    })?;
+    Some(EventResponse { id: id.flatten(), usage: usage.flatten() })
+}
+
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Event<'a> {
     #[serde(rename = "type", borrow)]
     kind: Cow<'a, str>,
@@ -144,6 +178,7 @@ struct Event<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct EventResponse<'a> {
     #[serde(borrow, default)]
     id: Option<Text<'a>>,
@@ -152,12 +187,14 @@ struct EventResponse<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Item<'a> {
     #[serde(rename = "type", borrow)]
     kind: Cow<'a, str>,
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct ResponseUsage {
     #[serde(default)]
     input_tokens: Option<u64>,
@@ -173,4 +210,61 @@ struct Answer<'a> {
     status: Option<Text<'a>>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events as the Responses API streams them (what Codex reads), and odd ones.
+    const EVENTS: &[&str] = &[
+        r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","created_at":1733000000,"status":"in_progress","model":"m","output":[],"parallel_tool_calls":true,"tools":[],"usage":null,"metadata":{}}}"#,
+        r#"{"type":"response.output_item.added","output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","content":[],"role":"assistant"}}"#,
+        r#"{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"line\nwith \"quotes\" é","logprobs":[]}"#,
+        r#"{"type":"response.output_item.added","output_index":1,"item":{"type":"function_call","id":"fc_1","call_id":"call_1","name":"shell","arguments":""}}"#,
+        r#"{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":1,"delta":"{\"cmd\":"}"#,
+        r#"{"type":"response.completed","response":{"id":"resp_1","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi","annotations":[]}]}],"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":0},"output_tokens":3,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":15}}}"#,
+        r#"{"type":"error","code":"rate_limit_exceeded","message":"busy","param":null}"#,
+        r#" { "type" : "response.in_progress" , "response" : { "id" : null , "usage" : null } , "item" : null , "delta" : null } "#,
+    ];
+
+    #[test]
+    fn the_walker_reads_an_event_as_serde_json_does_or_leaves_it_to_serde_json() {
+        for event in EVENTS {
+            let slow = serde_json::from_str::<Event<'_>>(event).ok();
+            assert!(slow.is_some(), "serde_json reads {event}");
+            assert_eq!(read_event(event), slow, "{event}");
+        }
+        let (answered, cases) = super::super::walk::mutated(EVENTS, |text| match read_event(text) {
+            Some(fast) => {
+                assert_eq!(Some(fast), serde_json::from_str::<Event<'_>>(text).ok(), "{text}");
+                true
+            }
+            None => false,
+        });
+        assert!(cases > 10_000 && answered > cases / 4, "{answered} of {cases} answered");
+        for event in [
+            r#"{"type":"response.output_text.delta","delta":"a","delta":"b"}"#,
+            r#"{"type":"response.output_item.added","item":{"id":"x"}}"#,
+            r#"{"type":"response.output_text.delta","delta":"\u00e9"}"#,
+        ] {
+            assert!(read_event(event).is_none(), "{event}");
+        }
+    }
+
+    #[test]
+    fn an_event_gives_its_id_text_tool_call_and_usage() {
+        let mut seen = Seen::default();
+        assert_eq!(inspect(None, EVENTS[0], &mut seen, 100), Kind::Start);
+        assert_eq!(seen.response_id.as_deref(), Some("resp_1"));
+        assert_eq!(inspect(None, EVENTS[1], &mut seen, 100), Kind::Content);
+        assert!(!seen.tool_call);
+        assert_eq!(inspect(None, EVENTS[2], &mut seen, 100), Kind::Content);
+        assert_eq!(seen.text, "line\nwith \"quotes\" é");
+        assert_eq!(inspect(None, EVENTS[3], &mut seen, 100), Kind::Content);
+        assert!(seen.tool_call);
+        assert_eq!(inspect(None, EVENTS[5], &mut seen, 100), Kind::Done);
+        assert_eq!((seen.usage.input, seen.usage.output), (Some(12), Some(3)));
+        assert_eq!(inspect(Some("error"), EVENTS[6], &mut seen, 100), Kind::Error);
+    }
 }
