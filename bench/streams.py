@@ -23,7 +23,8 @@ memory, RssAnon, during the run minus before it, over N; each proxy is
 started fresh for each run, so memory an earlier run left in its
 allocator does not hide this one's). Medians of REPS (3) interleaved
 repetitions; ratios against nginx in the same run.
-ONLY=1000 or 5000 runs one size.
+ONLY=1000 or 5000 runs one size. BASELINE_BIN=path adds a column for an
+older tidegate build, interleaved with the rest (an A/B in one run).
 """
 
 import json
@@ -43,6 +44,7 @@ EVENTS, RAMP_MS = int(os.environ.get("EVENTS", 100)), 1000
 UP, NGINX, BARE, GW = 19600, 19601, 19602, 19603
 STREAMS_BIN = os.path.abspath("target/release/examples/streams")
 BARE_BIN = os.path.abspath("target/release/examples/bare_proxy")
+BASELINE_BIN = os.environ.get("BASELINE_BIN")
 
 
 def load(port, n):
@@ -79,7 +81,8 @@ def fresh_proxy(name, cfg, nginx_cfg, env):
         port = BARE
     else:
         out = open(os.path.join(run.TMP, "tidegate.log"), "a")
-        p = subprocess.Popen(["taskset", "-c", "0", run.BIN, "serve", "--config", cfg], cwd=os.path.dirname(cfg),
+        binary = BASELINE_BIN if name == "baseline" else run.BIN
+        p = subprocess.Popen(["taskset", "-c", "0", binary, "serve", "--config", cfg], cwd=os.path.dirname(cfg),
                              stdout=out, stderr=out, env=env)
         port = GW
     run.wait_port(port)
@@ -94,7 +97,7 @@ def main():
     cfg = run.one_upstream_config("tidegate", GW, UP)
     nginx_cfg = run.nginx_conf("nginx-streams.conf", NGINX, UP, "off")
     env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
-    names = ["direct", "nginx", "bare hyper proxy", "tidegate"]
+    names = ["direct", "nginx", "bare hyper proxy", "tidegate"] + (["baseline"] if BASELINE_BIN else [])
     results = {}
     for n, interval in sizes:
         upstream = run.start([STREAMS_BIN, "upstream", f"127.0.0.1:{UP}", str(EVENTS), str(interval)], 1,
@@ -139,6 +142,10 @@ def main():
         row("streams ended with [DONE]", lambda _, x: f"{x['done']:.0f}")
         row("CPU µs per event", proxy(lambda x: f"{x['cpu_us_per_event']:.2f}"))
         row("  × nginx", proxy(lambda x: f"{x['cpu_us_per_event'] / ng['cpu_us_per_event']:.2f}"))
+        # The machine drifts between reps: each rep's ratio, then their median.
+        ratio = lambda name, i: res[name][i]["cpu_us_per_event"] / res["nginx"][i]["cpu_us_per_event"]  # noqa: E731
+        row("  × nginx, median of each rep's", lambda name, _: "–" if name == "direct" else
+            f"{statistics.median(ratio(name, i) for i in range(REPS)):.2f}")
         row("time to first event p50 / p99, ms", lambda _, x: f"{x['ttfe_p50']:.2f} / {x['ttfe_p99']:.2f}")
         row("event delay p50 / p99, ms", lambda _, x: f"{x['delay_p50']:.2f} / {x['delay_p99']:.2f}")
         row("memory per open stream, KiB", proxy(lambda x: f"{x['kib_per_stream']:.1f}"))

@@ -50,6 +50,10 @@ pub struct Seen {
     pub events: u64,
     /// The id the upstream gave the answer (Responses: for state pinning).
     pub response_id: Option<String>,
+    /// Where the last event walked had values that do not change what it
+    /// says: what lets the scanner read the next event of the same shape
+    /// by comparing bytes (`stream::shape`).
+    pub holes: super::walk::Holes,
 }
 
 /// One SSE event as bytes: `event: name` when named, then `data: …` and

@@ -37,16 +37,95 @@ static STOPS: [bool; 256] = {
     t
 };
 
-/// A cursor over one JSON text.
-pub struct Walk<'a> {
-    text: &'a str,
-    at: usize,
+/// A value of an event whose bytes do not change what the event says,
+/// as the walker found it: a string or number it skipped, or a string it
+/// read as text. The next event of the same shape is the same bytes but
+/// for these (see `stream::shape`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hole {
+    /// Where the value starts: a string's first byte after its quote, a
+    /// number's first byte. (32 bits: a stream keeps these, and only the
+    /// holes of small events are used; see `stream::shape`.)
+    pub start: u32,
+    /// Just past it: a string's closing quote, a number's last digit.
+    pub end: u32,
+    /// What it is.
+    pub kind: HoleKind,
 }
 
-impl<'a> Walk<'a> {
+/// What a [`Hole`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoleKind {
+    /// A string skipped: only its validity matters.
+    Skipped,
+    /// A number skipped: only its validity matters.
+    Number,
+    /// A string read with [`Walk::text`], its use not yet said by the
+    /// protocol (see [`Holes::read_as`]).
+    Read,
+    /// A string read as the streamed text (in order, the event's text).
+    Text,
+}
+
+/// The holes of the last event a protocol walked (kept with the stream's
+/// [`super::events::Seen`], so that recording them allocates once).
+#[derive(Debug, Default)]
+pub struct Holes {
+    /// In order of position in the event's data.
+    pub spans: Vec<Hole>,
+    /// The walker read the whole event and the protocol said what every
+    /// string read as text was for: only then do the holes describe it.
+    pub whole: bool,
+}
+
+impl Holes {
+    /// Empty, for a new event's walk to record into.
+    pub fn start(&mut self) -> &mut Vec<Hole> {
+        self.spans.clear();
+        self.whole = false;
+        &mut self.spans
+    }
+
+    /// Says what the strings read with [`Walk::text`] were for
+    /// ([`HoleKind::Text`] when they were the text streamed, in order;
+    /// [`HoleKind::Skipped`] when the event's kind made them unused), and
+    /// that the event was walked whole.
+    pub fn read_as(&mut self, kind: HoleKind) {
+        for h in &mut self.spans {
+            if h.kind == HoleKind::Read {
+                h.kind = kind;
+            }
+        }
+        self.whole = true;
+    }
+}
+
+/// A cursor over one JSON text.
+pub struct Walk<'a, 'h> {
+    text: &'a str,
+    at: usize,
+    /// Where the holes go, when recording.
+    holes: Option<&'h mut Vec<Hole>>,
+}
+
+impl<'a, 'h> Walk<'a, 'h> {
     /// A cursor at the start of `text`.
     pub fn new(text: &'a str) -> Self {
-        Walk { text, at: 0 }
+        Walk { text, at: 0, holes: None }
+    }
+
+    /// A cursor that records the values it skips and the strings it reads
+    /// as text ([`Hole`]s) into `holes`.
+    pub fn recording(text: &'a str, holes: Option<&'h mut Vec<Hole>>) -> Self {
+        Walk { text, at: 0, holes }
+    }
+
+    #[inline(always)]
+    fn hole(&mut self, start: usize, end: usize, kind: HoleKind) {
+        if let Some(holes) = self.holes.as_deref_mut() {
+            // Past 4 GiB the offsets wrap: such an event is never kept.
+            holes.push(Hole { start: start as u32, end: end as u32, kind });
+        }
     }
 
     fn bytes(&self) -> &'a [u8] {
@@ -163,27 +242,27 @@ impl<'a> Walk<'a> {
     /// its closing quote, and whether it holds an escape.
     #[inline(always)]
     fn scan_string(&mut self) -> Option<(usize, bool)> {
-        let b = self.bytes();
-        let mut i = self.at + 1;
-        let mut escaped = false;
-        loop {
-            i = next_stop(b, i)?;
-            match *b.get(i)? {
-                b'"' => break,
-                b'\\' => {
-                    // A `\u` escape (surrogates) is serde_json's to judge.
-                    match *b.get(i + 1)? {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
-                        _ => return None,
-                    }
-                    escaped = true;
-                    i += 2;
-                }
-                _ => return None,
-            }
-        }
-        self.at = i + 1;
-        Some((i, escaped))
+        let (end, escaped) = string_end(self.bytes(), self.at + 1)?;
+        self.at = end + 1;
+        Some((end, escaped))
+    }
+
+    /// [`Walk::scan_string`] of a skipped string, recorded as a hole.
+    #[inline(always)]
+    fn skip_string(&mut self) -> Option<()> {
+        let start = self.at + 1;
+        let (end, _) = self.scan_string()?;
+        self.hole(start, end, HoleKind::Skipped);
+        Some(())
+    }
+
+    /// [`Walk::number`] of a skipped number, recorded as a hole.
+    #[inline(always)]
+    fn skip_number(&mut self) -> Option<()> {
+        let start = self.at;
+        self.number()?;
+        self.hole(start, self.at, HoleKind::Number);
+        Some(())
     }
 
     /// Skips any value, checked as serde_json checks it. A string or a
@@ -192,8 +271,8 @@ impl<'a> Walk<'a> {
     #[inline]
     pub fn skip(&mut self) -> Option<()> {
         match self.peek()? {
-            b'"' => self.scan_string().map(drop),
-            b'-' | b'0'..=b'9' => self.number(),
+            b'"' => self.skip_string(),
+            b'-' | b'0'..=b'9' => self.skip_number(),
             _ => self.skip_at(0),
         }
     }
@@ -205,11 +284,11 @@ impl<'a> Walk<'a> {
         match self.peek()? {
             b'{' => self.object(|w, _| w.skip_at(depth + 1)),
             b'[' => self.array(|w| w.skip_at(depth + 1)),
-            b'"' => self.scan_string().map(drop),
+            b'"' => self.skip_string(),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
-            _ => self.number(),
+            _ => self.skip_number(),
         }
     }
 
@@ -221,41 +300,7 @@ impl<'a> Walk<'a> {
 
     /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
     fn number(&mut self) -> Option<()> {
-        let b = self.bytes();
-        let mut i = self.at;
-        let digits = |i: &mut usize| {
-            let from = *i;
-            while b.get(*i).is_some_and(u8::is_ascii_digit) {
-                *i += 1;
-            }
-            *i > from
-        };
-        if b.get(i) == Some(&b'-') {
-            i += 1;
-        }
-        match b.get(i)? {
-            b'0' => i += 1,
-            b'1'..=b'9' => {
-                digits(&mut i);
-            }
-            _ => return None,
-        }
-        if b.get(i) == Some(&b'.') {
-            i += 1;
-            if !digits(&mut i) {
-                return None;
-            }
-        }
-        if let Some(b'e' | b'E') = b.get(i) {
-            i += 1;
-            if let Some(b'+' | b'-') = b.get(i) {
-                i += 1;
-            }
-            if !digits(&mut i) {
-                return None;
-            }
-        }
-        self.at = i;
+        self.at = number_end(self.bytes(), self.at)?;
         Some(())
     }
 
@@ -264,7 +309,11 @@ impl<'a> Walk<'a> {
     pub fn raw(&mut self) -> Option<&'a str> {
         self.peek()?;
         let start = self.at;
-        self.skip()?;
+        // What serde_json reads is not a hole: its bytes matter.
+        let holes = self.holes.take();
+        let skipped = self.skip();
+        self.holes = holes;
+        skipped?;
         self.text.get(start..self.at)
     }
 
@@ -284,7 +333,13 @@ impl<'a> Walk<'a> {
         if self.null() {
             return Some(None);
         }
-        self.string().map(|t| Some(Text(t)))
+        if self.peek() != Some(b'"') {
+            return None;
+        }
+        let start = self.at + 1;
+        let text = self.string_here()?;
+        self.hole(start, self.at - 1, HoleKind::Read);
+        Some(Some(Text(text)))
     }
 
     /// A rare, small part (a usage object) read by serde_json: `null`, or
@@ -319,6 +374,69 @@ impl<'a> Walk<'a> {
     pub fn end(&mut self) -> Option<()> {
         (self.peek().is_none()).then_some(())
     }
+}
+
+/// The end of the string whose content starts at `i` (just past its
+/// opening quote): the index of its closing quote and whether it holds an
+/// escape; `None` where serde_json would refuse it or the walker leaves it
+/// to serde_json (a `\u` escape).
+#[inline(always)]
+pub fn string_end(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
+    let mut escaped = false;
+    loop {
+        i = next_stop(b, i)?;
+        match *b.get(i)? {
+            b'"' => return Some((i, escaped)),
+            b'\\' => {
+                // A `\u` escape (surrogates) is serde_json's to judge.
+                match *b.get(i + 1)? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                    _ => return None,
+                }
+                escaped = true;
+                i += 2;
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// The end of the number that starts at `i`, read as serde_json reads
+/// one: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+pub fn number_end(b: &[u8], mut i: usize) -> Option<usize> {
+    let digits = |i: &mut usize| {
+        let from = *i;
+        while b.get(*i).is_some_and(u8::is_ascii_digit) {
+            *i += 1;
+        }
+        *i > from
+    };
+    if b.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    match b.get(i)? {
+        b'0' => i += 1,
+        b'1'..=b'9' => {
+            digits(&mut i);
+        }
+        _ => return None,
+    }
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        if !digits(&mut i) {
+            return None;
+        }
+    }
+    if let Some(b'e' | b'E') = b.get(i) {
+        i += 1;
+        if let Some(b'+' | b'-') = b.get(i) {
+            i += 1;
+        }
+        if !digits(&mut i) {
+            return None;
+        }
+    }
+    Some(i)
 }
 
 /// The index of the first `"`, `\\` or control byte at or after `i`:

@@ -18,6 +18,7 @@
 pub mod handshake;
 pub mod json_end;
 pub mod resume;
+pub mod shape;
 pub mod sse;
 
 use std::future::Future;

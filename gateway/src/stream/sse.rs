@@ -10,6 +10,7 @@ use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
 
+use super::shape::{Shape, State};
 use crate::protocol::Protocol;
 use crate::protocol::events::{Kind, Seen};
 use crate::record::Usage;
@@ -34,6 +35,8 @@ pub struct Scanner {
     max_event: usize,
     /// What the events said.
     pub seen: Seen,
+    /// The last event read whole, for the next one of the same shape.
+    shape: Shape,
 }
 
 impl Scanner {
@@ -54,6 +57,7 @@ impl Scanner {
             text_cap,
             max_event,
             seen: Seen::default(),
+            shape: Shape::default(),
         }
     }
 
@@ -116,7 +120,7 @@ impl Scanner {
         let end = from + len;
         self.scanned = end;
         self.searched = end;
-        let kind = inspect(&mut self.seen, self.protocol, self.text_cap, &held[start..end]);
+        let kind = inspect(&mut self.seen, Some(&mut self.shape), self.protocol, self.text_cap, &held[start..end]);
         Some((kind, end))
     }
 
@@ -143,8 +147,44 @@ impl Scanner {
 
 /// Splits one event into its `event:` name and joined `data:` lines and
 /// lets the protocol say what it is; counts content and keeps the first
-/// error's data.
-fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> Kind {
+/// error's data. An event of the last one's `shape` is read from it.
+fn inspect(seen: &mut Seen, shape: Option<&mut Shape>, protocol: Protocol, text_cap: usize, raw: &[u8]) -> Kind {
+    let kind = match shape {
+        Some(shape) => match shape.read(raw, seen, text_cap) {
+            Some(kind) => kind,
+            None => {
+                let before = State::of(seen);
+                let (kind, data_at) = read_whole(seen, protocol, text_cap, raw);
+                if let Some(at) = data_at.filter(|_| kind == Kind::Content) {
+                    let after = State::of(seen);
+                    shape.keep(raw, at, &mut seen.holes, before, after);
+                }
+                return kind;
+            }
+        },
+        None => return read_whole(seen, protocol, text_cap, raw).0,
+    };
+    count(seen, kind, b"");
+    kind
+}
+
+/// Notes an event's kind in `seen` (`data`: an error event's).
+fn count(seen: &mut Seen, kind: Kind, data: &[u8]) {
+    match kind {
+        Kind::Content => {
+            seen.content = true;
+            seen.events += 1;
+        }
+        Kind::Error if seen.error.is_none() => seen.error = Some(Bytes::copy_from_slice(data)),
+        Kind::Done => seen.complete = true,
+        Kind::Error | Kind::KeepAlive | Kind::Start | Kind::BlockStart => {}
+    }
+}
+
+/// [`inspect`] without a shape: the event's lines split and its data read
+/// by the protocol. Also says where its data starts in `raw` when it is
+/// one line of it (the holes the walker noted are offsets in it).
+fn read_whole(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> (Kind, Option<usize>) {
     // Valid UTF-8 (nearly always) is checked by the fast path and
     // borrowed; only invalid bytes take the lossy copy.
     let text = match std::str::from_utf8(raw) {
@@ -184,21 +224,19 @@ fn inspect(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) -> 
         }
     }
     let data = match data {
-        None if name.is_none() => return Kind::KeepAlive,
+        None if name.is_none() => return (Kind::KeepAlive, None),
         None => Cow::Borrowed(""),
         Some(data) => data,
     };
+    seen.holes.whole = false;
     let kind = protocol.inspect(name, &data, seen, text_cap);
-    match kind {
-        Kind::Content => {
-            seen.content = true;
-            seen.events += 1;
-        }
-        Kind::Error if seen.error.is_none() => seen.error = Some(Bytes::copy_from_slice(data.as_bytes())),
-        Kind::Done => seen.complete = true,
-        Kind::Error | Kind::KeepAlive | Kind::Start | Kind::BlockStart => {}
-    }
-    kind
+    count(seen, kind, data.as_bytes());
+    // Offsets in `raw` only when the data is a slice of it, unchanged.
+    let data_at = match (&text, &data) {
+        (Cow::Borrowed(_), Cow::Borrowed(d)) => (d.as_ptr() as usize).checked_sub(raw.as_ptr() as usize),
+        _ => None,
+    };
+    (kind, data_at)
 }
 
 /// Token usage from the end of a JSON answer (`usage` is at or near the
@@ -424,5 +462,115 @@ mod tests {
         s.feed(b"\"}\n\n");
         assert!(s.next_event().is_some());
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+    }
+
+    /// What a stream has seen, but for the walker's notes.
+    fn said(seen: &Seen) -> String {
+        let Seen { text, usage, content, tool_call, complete, error, events, response_id, holes: _ } = seen;
+        format!("{text:?} {usage:?} {content} {tool_call} {complete} {error:?} {events} {response_id:?}")
+    }
+
+    /// `events` read in order by a scanner's path (the last shape kept)
+    /// and read whole each: the same kinds and the same seen. Returns
+    /// whether the last event was read from the shape.
+    fn both_ways(protocol: Protocol, events: &[&[u8]]) -> bool {
+        const CAP: usize = 64;
+        let (mut fast, mut whole, mut shape) = (Seen::default(), Seen::default(), Shape::default());
+        let mut shaped = false;
+        for (i, event) in events.iter().enumerate() {
+            let by_shape = shape.read(event, &mut fast, CAP);
+            shaped = by_shape.is_some();
+            let kind = match by_shape {
+                Some(kind) => {
+                    count(&mut fast, kind, b"");
+                    kind
+                }
+                None => inspect(&mut fast, Some(&mut shape), protocol, CAP, event),
+            };
+            let expected = inspect(&mut whole, None, protocol, CAP, event);
+            let shown = || events.iter().map(|e| String::from_utf8_lossy(e).into_owned()).collect::<Vec<_>>();
+            assert_eq!(kind, expected, "event {i} of {:?}", shown());
+            assert_eq!(said(&fast), said(&whole), "event {i} of {:?}", shown());
+        }
+        shaped
+    }
+
+    /// The shape's reading is the whole reading's: a kept event (after a
+    /// prelude that sets the state it is read in) followed by each variant
+    /// of it with one byte dropped or replaced by JSON's punctuation, and by
+    /// other texts (escapes, a `\u` escape, non-ASCII, invalid UTF-8, a
+    /// quote, empty), for the chat, Anthropic and Responses events a model
+    /// streams most.
+    #[test]
+    fn an_event_read_from_the_last_ones_shape_is_read_as_if_whole() {
+        let cases: &[(Protocol, &str, &str)] = &[
+            (
+                Protocol::OpenAiChat,
+                "",
+                "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1733000000,\"model\":\"gpt-4o\",\"system_fingerprint\":\"fp_1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null,\"obfuscation\":\"xY3\"}\n\n",
+            ),
+            (
+                Protocol::OpenAiChat,
+                "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"function\":{\"name\":\"f\",\"arguments\":\"\"}}]}}]}\n\n",
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"a\\\":\"}}]},\"finish_reason\":null}]}\n\n",
+            ),
+            (
+                Protocol::OpenAiChat,
+                "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n",
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}},{\"index\":1,\"delta\":{\"content\":\"b\"}}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n",
+            ),
+            (
+                Protocol::Anthropic,
+                "",
+                "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi there\"}}\n\n",
+            ),
+            (
+                Protocol::Anthropic,
+                "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{}}}\n\n",
+                "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"x\\\": 1\"}}\n\n",
+            ),
+            (
+                Protocol::OpenAiResponses,
+                "",
+                "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":7,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\",\"logprobs\":[],\"obfuscation\":\"ab\"}\n\n",
+            ),
+            (
+                Protocol::OpenAiResponses,
+                "data: {\"type\":\"response.output_item.added\",\"item\":{\"type\":\"function_call\",\"id\":\"fc\"}}\n\n",
+                "event: response.function_call_arguments.delta\ndata: {\"type\":\"response.function_call_arguments.delta\",\"sequence_number\":9,\"item_id\":\"fc_1\",\"output_index\":1,\"delta\":\"{\\\"q\\\"\"}\n\n",
+            ),
+        ];
+        let (mut shaped, mut cases_run) = (0, 0);
+        for &(protocol, prelude, kept) in cases {
+            let prelude: &[&[u8]] = if prelude.is_empty() { &[] } else { &[prelude.as_bytes()] };
+            let run = |next: &[u8]| both_ways(protocol, &[prelude, &[kept.as_bytes(), next]].concat());
+            // The kept event again is read from its shape.
+            assert!(run(kept.as_bytes()), "{kept}");
+            let (answered, all) = crate::protocol::walk::mutated(&[kept], |variant| run(variant.as_bytes()));
+            shaped += answered;
+            cases_run += all;
+            // Other values in the holes.
+            let value = ["Hello", "Hi there", "Hi", "{\\\"a\\\":", "{\\\"x\\\": 1", "{\\\"q\\\"", "a"]
+                .into_iter()
+                .find(|v| kept.contains(&format!("\"{v}\"")))
+                .unwrap_or("a");
+            for other in ["", "x", "line\\nbreak", "\\\"", "\\u00e9", "é — ü", "a\\\\b", "\u{1}", "\\x"] {
+                let next = kept.replacen(&format!("\"{value}\""), &format!("\"{other}\""), 1);
+                run(next.as_bytes());
+            }
+            let mut invalid = kept.replacen(&format!("\"{value}\""), "\"\u{ff}\"", 1).into_bytes();
+            if let Some(at) = invalid.windows(2).position(|w| w == "\u{ff}".as_bytes()) {
+                invalid[at + 1] = b'x';
+                invalid[at] = 0xff;
+            }
+            run(&invalid);
+            // A state changed since the kept event (usage, then the end).
+            let usage = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\n\n";
+            both_ways(protocol, &[prelude, &[kept.as_bytes(), usage, kept.as_bytes()]].concat());
+        }
+        // Most variants with a byte changed inside a value are still of
+        // the shape; the rest are read whole.
+        assert!(shaped * 10 > cases_run && shaped < cases_run, "{shaped} of {cases_run} read from the shape");
+        eprintln!("{shaped} of {cases_run} variants read from the shape");
     }
 }

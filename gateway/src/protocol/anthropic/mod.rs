@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::ErrorKind;
 use super::events::{Kind, Seen, Text, TextSink, sse_event};
-use super::walk::{Walk, once};
+use super::walk::{Hole, HoleKind, Walk, once};
 
 /// `{"type":"error","error":{"type","message"}}`, the shape the Anthropic
 /// SDKs parse into their typed exceptions.
@@ -52,7 +52,9 @@ pub fn models_list<'a>(aliases: impl Iterator<Item = &'a str>) -> Bytes {
 /// What one messages-stream event is.
 pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize) -> Kind {
     // The walker reads a usual event; serde_json whatever it gives up on.
-    let event = read_event(data).or_else(|| serde_json::from_str::<Event<'_>>(data).ok());
+    let walked = read_event(data, Some(seen.holes.start()));
+    let whole = walked.is_some();
+    let event = walked.or_else(|| serde_json::from_str::<Event<'_>>(data).ok());
     let kind = name.map(Cow::Borrowed).or_else(|| event.as_ref().map(|e| e.kind.clone()));
     let Some(kind) = kind else { return Kind::Content };
     match kind.as_ref() {
@@ -80,7 +82,13 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
     match kind.as_ref() {
         "message_start" => Kind::Start,
         "content_block_start" => Kind::BlockStart,
-        _ => Kind::Content,
+        _ => {
+            if whole {
+                // The one string read as text is the delta's text.
+                seen.holes.read_as(HoleKind::Text);
+            }
+            Kind::Content
+        }
     }
 }
 
@@ -95,9 +103,9 @@ pub fn continuation_body(original: &[u8], partial: &str, model: &str) -> Option<
 /// give, or `None` where it leaves the event to serde_json (see
 /// [`super::walk`]). `message` (once per answer, in `message_start`) and
 /// `usage` are small parts serde_json reads.
-fn read_event(data: &str) -> Option<Event<'_>> {
+fn read_event<'a>(data: &'a str, holes: Option<&mut Vec<Hole>>) -> Option<Event<'a>> {
     let (mut kind, mut delta, mut usage, mut message, mut block) = (None, None, None, None, None);
-    let mut w = Walk::new(data);
+    let mut w = Walk::recording(data, holes);
     w.object(|w, key| match key {
         b"type" => once(&mut kind, w.string()),
         b"delta" => once(&mut delta, if w.null() { Some(None) } else { read_delta(w).map(Some) }),
@@ -116,7 +124,7 @@ fn read_event(data: &str) -> Option<Event<'_>> {
     })
 }
 
-fn read_delta<'a>(w: &mut Walk<'a>) -> Option<Delta<'a>> {
+fn read_delta<'a>(w: &mut Walk<'a, '_>) -> Option<Delta<'a>> {
     if !w.at_object() {
         return None;
     }
@@ -198,9 +206,9 @@ mod tests {
         for event in EVENTS {
             let slow = serde_json::from_str::<Event<'_>>(event).ok();
             assert!(slow.is_some(), "serde_json reads {event}");
-            assert_eq!(read_event(event), slow, "{event}");
+            assert_eq!(read_event(event, None), slow, "{event}");
         }
-        let (answered, cases) = super::super::walk::mutated(EVENTS, |text| match read_event(text) {
+        let (answered, cases) = super::super::walk::mutated(EVENTS, |text| match read_event(text, None) {
             Some(fast) => {
                 assert_eq!(Some(fast), serde_json::from_str::<Event<'_>>(text).ok(), "{text}");
                 true
@@ -215,7 +223,7 @@ mod tests {
             r#"{"type":"content_block_delta","delta":{"text":"\u00e9"}}"#,
             r#"{"delta":{"text":"x"}}"#,
         ] {
-            assert!(read_event(event).is_none(), "{event}");
+            assert!(read_event(event, None).is_none(), "{event}");
         }
     }
 

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::ErrorKind;
 use super::events::{Kind, Seen, Text, TextSink, sse_event};
-use super::walk::{Walk, once};
+use super::walk::{Hole, HoleKind, Walk, once};
 
 /// `{"error":{"message","type","param","code"}}`, the shape the OpenAI
 /// SDKs parse into their typed exceptions.
@@ -60,7 +60,9 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
         return Kind::Done;
     }
     // The walker reads a usual chunk; serde_json whatever it gives up on.
-    let Some(chunk) = read_chunk(data).or_else(|| serde_json::from_str::<Chunk<'_>>(data).ok()) else {
+    let walked = read_chunk(data, Some(seen.holes.start()));
+    let whole = walked.is_some();
+    let Some(chunk) = walked.or_else(|| serde_json::from_str::<Chunk<'_>>(data).ok()) else {
         return Kind::Content;
     };
     if chunk.error.is_some() || (chunk.choices.count == 0 && chunk.usage.is_none() && is_vendor_error(data)) {
@@ -76,6 +78,10 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
     }
     seen.tool_call |= choices.tool_call;
     seen.complete |= choices.finished;
+    if whole {
+        // Every content read is the text, in order.
+        seen.holes.read_as(HoleKind::Text);
+    }
     Kind::Content
 }
 
@@ -99,9 +105,9 @@ pub fn continuation_body(original: &[u8], partial: &str, model: &str) -> Option<
 /// A chunk as [`Walk`] reads it: the same [`Chunk`] serde_json would
 /// give, or `None` where it leaves the chunk to serde_json (see
 /// [`super::walk`]).
-fn read_chunk(data: &str) -> Option<Chunk<'_>> {
+fn read_chunk<'a>(data: &'a str, holes: Option<&mut Vec<Hole>>) -> Option<Chunk<'a>> {
     let (mut error, mut choices, mut usage) = (None, None, None);
-    let mut w = Walk::new(data);
+    let mut w = Walk::recording(data, holes);
     w.object(|w, key| match key {
         b"error" => once(&mut error, w.present()),
         b"choices" => once(&mut choices, read_choices(w)),
@@ -112,7 +118,7 @@ fn read_chunk(data: &str) -> Option<Chunk<'_>> {
     Some(Chunk { error: error.flatten(), choices: choices.unwrap_or_default(), usage: usage.flatten() })
 }
 
-fn read_choices<'a>(w: &mut Walk<'a>) -> Option<Choices<'a>> {
+fn read_choices<'a>(w: &mut Walk<'a, '_>) -> Option<Choices<'a>> {
     let mut out = Choices::default();
     w.array(|w| {
         // A choice written as an array is serde's to read (by position).
@@ -131,7 +137,7 @@ fn read_choices<'a>(w: &mut Walk<'a>) -> Option<Choices<'a>> {
     Some(out)
 }
 
-fn read_delta<'a>(w: &mut Walk<'a>) -> Option<Delta<'a>> {
+fn read_delta<'a>(w: &mut Walk<'a, '_>) -> Option<Delta<'a>> {
     if !w.at_object() {
         return None;
     }
@@ -252,10 +258,10 @@ mod tests {
         for chunk in CHUNKS {
             let slow = serde_json::from_str::<Chunk<'_>>(chunk).ok();
             assert!(slow.is_some(), "serde_json reads {chunk}");
-            assert_eq!(read_chunk(chunk), slow, "{chunk}");
+            assert_eq!(read_chunk(chunk, None), slow, "{chunk}");
         }
         // Mutated: where the walker answers, it answers what serde_json does.
-        let (answered, cases) = super::super::walk::mutated(CHUNKS, |text| match read_chunk(text) {
+        let (answered, cases) = super::super::walk::mutated(CHUNKS, |text| match read_chunk(text, None) {
             Some(fast) => {
                 assert_eq!(Some(fast), serde_json::from_str::<Chunk<'_>>(text).ok(), "{text}");
                 true
@@ -273,7 +279,7 @@ mod tests {
             r#"{"choices":[[{"content":"a"},null]]}"#,
             r#"{"choices":[{"delta":{"content":"\u00e9"}}]}"#,
         ] {
-            assert_eq!(read_chunk(chunk), None, "{chunk}");
+            assert_eq!(read_chunk(chunk, None), None, "{chunk}");
             let mut seen = Seen::default();
             inspect(None, chunk, &mut seen, 100);
             let slow = serde_json::from_str::<Chunk<'_>>(chunk).ok();

@@ -26,7 +26,7 @@ use serde_json::value::RawValue;
 use super::ErrorKind;
 use super::events::{Kind, Seen, Text, TextSink, sse_event};
 use super::openai_chat;
-use super::walk::{Walk, once};
+use super::walk::{Hole, HoleKind, Walk, once};
 
 /// HTTP errors: the OpenAI shape.
 pub fn error_body(kind: ErrorKind, message: &str, code: Option<&str>) -> Bytes {
@@ -72,7 +72,9 @@ pub fn error_event_coded(kind: ErrorKind, code: &str, message: &str) -> Bytes {
 /// What one Responses stream event is.
 pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize) -> Kind {
     // The walker reads a usual event; serde_json whatever it gives up on.
-    let event = read_event(data).or_else(|| serde_json::from_str::<Event<'_>>(data).ok());
+    let walked = read_event(data, Some(seen.holes.start()));
+    let whole = walked.is_some();
+    let event = walked.or_else(|| serde_json::from_str::<Event<'_>>(data).ok());
     let kind = event.as_ref().map(|e| e.kind.clone()).or_else(|| name.map(Cow::Borrowed));
     let Some(kind) = kind else { return Kind::Content };
     let Some(event) = event else {
@@ -97,19 +99,28 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
             if let Some(delta) = &event.delta {
                 TextSink { text: &mut seen.text, cap: text_cap }.push(delta);
             }
-            Kind::Content
-        }
-        "response.function_call_arguments.delta" | "response.custom_tool_call_input.delta" => {
-            seen.tool_call = true;
-            Kind::Content
-        }
-        "response.output_item.added" => {
-            if event.item.as_ref().is_some_and(|i| i.kind.ends_with("call")) {
-                seen.tool_call = true;
+            // The delta is the text (a `response` here would be read too).
+            if whole && event.response.is_none() {
+                seen.holes.read_as(HoleKind::Text);
             }
             Kind::Content
         }
-        _ => Kind::Content,
+        other => {
+            match other {
+                "response.function_call_arguments.delta" | "response.custom_tool_call_input.delta" => {
+                    seen.tool_call = true;
+                }
+                "response.output_item.added" if event.item.as_ref().is_some_and(|i| i.kind.ends_with("call")) => {
+                    seen.tool_call = true;
+                }
+                _ => {}
+            }
+            // Nothing read as text (a delta, an id) is used by these.
+            if whole {
+                seen.holes.read_as(HoleKind::Skipped);
+            }
+            Kind::Content
+        }
     }
 }
 
@@ -137,9 +148,9 @@ pub fn continuation_body(_original: &[u8], _partial: &str, _model: &str) -> Opti
 /// give, or `None` where it leaves the event to serde_json (see
 /// [`super::walk`]). A `response` object (at the start and the end) is
 /// walked for its `id` and `usage`, the rest of it skipped.
-fn read_event(data: &str) -> Option<Event<'_>> {
+fn read_event<'a>(data: &'a str, holes: Option<&mut Vec<Hole>>) -> Option<Event<'a>> {
     let (mut kind, mut delta, mut response, mut item) = (None, None, None, None);
-    let mut w = Walk::new(data);
+    let mut w = Walk::recording(data, holes);
     w.object(|w, key| match key {
         b"type" => once(&mut kind, w.string()),
         b"delta" => once(&mut delta, w.text()),
@@ -151,7 +162,7 @@ fn read_event(data: &str) -> Option<Event<'_>> {
     Some(Event { kind: kind?, delta: delta.flatten(), response: response.flatten(), item: item.flatten() })
 }
 
-fn read_response<'a>(w: &mut Walk<'a>) -> Option<EventResponse<'a>> {
+fn read_response<'a>(w: &mut Walk<'a, '_>) -> Option<EventResponse<'a>> {
     if !w.at_object() {
         return None;
     }
@@ -233,9 +244,9 @@ mod tests {
         for event in EVENTS {
             let slow = serde_json::from_str::<Event<'_>>(event).ok();
             assert!(slow.is_some(), "serde_json reads {event}");
-            assert_eq!(read_event(event), slow, "{event}");
+            assert_eq!(read_event(event, None), slow, "{event}");
         }
-        let (answered, cases) = super::super::walk::mutated(EVENTS, |text| match read_event(text) {
+        let (answered, cases) = super::super::walk::mutated(EVENTS, |text| match read_event(text, None) {
             Some(fast) => {
                 assert_eq!(Some(fast), serde_json::from_str::<Event<'_>>(text).ok(), "{text}");
                 true
@@ -248,7 +259,7 @@ mod tests {
             r#"{"type":"response.output_item.added","item":{"id":"x"}}"#,
             r#"{"type":"response.output_text.delta","delta":"\u00e9"}"#,
         ] {
-            assert!(read_event(event).is_none(), "{event}");
+            assert!(read_event(event, None).is_none(), "{event}");
         }
     }
 
