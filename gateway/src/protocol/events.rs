@@ -53,7 +53,70 @@ pub struct Seen {
     /// Where the last event walked had values that do not change what it
     /// says: what lets the scanner read the next event of the same shape
     /// by comparing bytes (`stream::shape`).
-    pub holes: super::walk::Holes,
+    pub holes: Holes,
+}
+
+/// A value of an event whose bytes do not change what the event says,
+/// as the walker found it: a string or number it skipped, or a string it
+/// read as text. The next event of the same shape is the same bytes but
+/// for these (see `stream::shape`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hole {
+    /// Where the value starts: a string's first byte after its quote, a
+    /// number's first byte. (32 bits: a stream keeps these, and only the
+    /// holes of small events are used; see `stream::shape`.)
+    pub start: u32,
+    /// Just past it: a string's closing quote, a number's last digit.
+    pub end: u32,
+    /// What it is.
+    pub kind: HoleKind,
+}
+
+/// What a [`Hole`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoleKind {
+    /// A string skipped: only its validity matters.
+    Skipped,
+    /// A number skipped: only its validity matters.
+    Number,
+    /// A string read with `Walk::text`, its use not yet said by the
+    /// protocol (see [`Holes::read_as`]).
+    Read,
+    /// A string read as the streamed text (in order, the event's text).
+    Text,
+}
+
+/// The holes of the last event a protocol walked (kept with the stream's
+/// [`Seen`], so that recording them allocates once).
+#[derive(Debug, Default)]
+pub struct Holes {
+    /// In order of position in the event's data.
+    pub spans: Vec<Hole>,
+    /// The walker read the whole event and the protocol said what every
+    /// string read as text was for: only then do the holes describe it.
+    pub whole: bool,
+}
+
+impl Holes {
+    /// Empty, for a new event's walk to record into.
+    pub fn start(&mut self) -> &mut Vec<Hole> {
+        self.spans.clear();
+        self.whole = false;
+        &mut self.spans
+    }
+
+    /// Says what the strings read with `Walk::text` were for
+    /// ([`HoleKind::Text`] when they were the text streamed, in order;
+    /// [`HoleKind::Skipped`] when the event's kind made them unused), and
+    /// that the event was walked whole.
+    pub fn read_as(&mut self, kind: HoleKind) {
+        for h in &mut self.spans {
+            if h.kind == HoleKind::Read {
+                h.kind = kind;
+            }
+        }
+        self.whole = true;
+    }
 }
 
 /// One SSE event as bytes: `event: name` when named, then `data: …` and

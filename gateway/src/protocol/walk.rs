@@ -18,7 +18,7 @@ use std::borrow::Cow;
 
 use serde::de::{DeserializeOwned, IgnoredAny};
 
-use super::events::Text;
+use super::events::{Hole, HoleKind, Text};
 use super::json::escapes;
 
 /// Deeper than this, serde_json decides (its own limit is 128).
@@ -36,69 +36,6 @@ static STOPS: [bool; 256] = {
     t[b'\\' as usize] = true;
     t
 };
-
-/// A value of an event whose bytes do not change what the event says,
-/// as the walker found it: a string or number it skipped, or a string it
-/// read as text. The next event of the same shape is the same bytes but
-/// for these (see `stream::shape`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hole {
-    /// Where the value starts: a string's first byte after its quote, a
-    /// number's first byte. (32 bits: a stream keeps these, and only the
-    /// holes of small events are used; see `stream::shape`.)
-    pub start: u32,
-    /// Just past it: a string's closing quote, a number's last digit.
-    pub end: u32,
-    /// What it is.
-    pub kind: HoleKind,
-}
-
-/// What a [`Hole`] holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HoleKind {
-    /// A string skipped: only its validity matters.
-    Skipped,
-    /// A number skipped: only its validity matters.
-    Number,
-    /// A string read with [`Walk::text`], its use not yet said by the
-    /// protocol (see [`Holes::read_as`]).
-    Read,
-    /// A string read as the streamed text (in order, the event's text).
-    Text,
-}
-
-/// The holes of the last event a protocol walked (kept with the stream's
-/// [`super::events::Seen`], so that recording them allocates once).
-#[derive(Debug, Default)]
-pub struct Holes {
-    /// In order of position in the event's data.
-    pub spans: Vec<Hole>,
-    /// The walker read the whole event and the protocol said what every
-    /// string read as text was for: only then do the holes describe it.
-    pub whole: bool,
-}
-
-impl Holes {
-    /// Empty, for a new event's walk to record into.
-    pub fn start(&mut self) -> &mut Vec<Hole> {
-        self.spans.clear();
-        self.whole = false;
-        &mut self.spans
-    }
-
-    /// Says what the strings read with [`Walk::text`] were for
-    /// ([`HoleKind::Text`] when they were the text streamed, in order;
-    /// [`HoleKind::Skipped`] when the event's kind made them unused), and
-    /// that the event was walked whole.
-    pub fn read_as(&mut self, kind: HoleKind) {
-        for h in &mut self.spans {
-            if h.kind == HoleKind::Read {
-                h.kind = kind;
-            }
-        }
-        self.whole = true;
-    }
-}
 
 /// A cursor over one JSON text.
 pub struct Walk<'a, 'h> {
@@ -464,6 +401,19 @@ pub fn once<T>(slot: &mut Option<T>, value: Option<T>) -> Option<()> {
             Some(())
         }
     }
+}
+
+/// The walker's test against serde_json for one protocol: `check` (which
+/// asserts that the walker's answer is serde_json's, and says whether it
+/// answered) must answer every one of `texts`, and over their mutated
+/// variants ([`mutated`], more than 10,000) at least a quarter.
+#[cfg(test)]
+pub(crate) fn agrees(texts: &[&str], mut check: impl FnMut(&str) -> bool) {
+    for text in texts {
+        assert!(check(text), "the walker reads {text}");
+    }
+    let (answered, cases) = mutated(texts, check);
+    assert!(cases > 10_000 && answered > cases / 4, "{answered} of {cases} answered");
 }
 
 /// Each text, and its variants with one byte dropped or replaced by

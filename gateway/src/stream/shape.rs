@@ -23,8 +23,8 @@
 
 use std::borrow::Cow;
 
-use crate::protocol::events::{Kind, Seen, TextSink};
-use crate::protocol::walk::{Hole, HoleKind, Holes, number_end, string_end};
+use crate::protocol::events::{Hole, HoleKind, Holes, Kind, Seen, TextSink};
+use crate::protocol::walk::{number_end, string_end};
 use crate::record::Usage;
 
 /// Larger events are not kept (read whole each time: the read dominates
@@ -133,10 +133,8 @@ impl Shape {
     /// The holes are taken from `holes` (the stream holds one list of them
     /// while its events keep their shape, not two: memory per open stream).
     pub fn keep(&mut self, raw: &[u8], data_at: usize, holes: &mut Holes, before: State, after: State) {
+        // Whole: the protocol said what every string read as text was for.
         if !holes.whole || before != after || raw.len() > MOST_KEPT {
-            return;
-        }
-        if holes.spans.iter().any(|h| h.kind == HoleKind::Read) {
             return;
         }
         // Below 2 KiB: the offsets fit.

@@ -149,22 +149,17 @@ impl Scanner {
 /// lets the protocol say what it is; counts content and keeps the first
 /// error's data. An event of the last one's `shape` is read from it.
 fn inspect(seen: &mut Seen, shape: Option<&mut Shape>, protocol: Protocol, text_cap: usize, raw: &[u8]) -> Kind {
-    let kind = match shape {
-        Some(shape) => match shape.read(raw, seen, text_cap) {
-            Some(kind) => kind,
-            None => {
-                let before = State::of(seen);
-                let (kind, data_at) = read_whole(seen, protocol, text_cap, raw);
-                if let Some(at) = data_at.filter(|_| kind == Kind::Content) {
-                    let after = State::of(seen);
-                    shape.keep(raw, at, &mut seen.holes, before, after);
-                }
-                return kind;
-            }
-        },
-        None => return read_whole(seen, protocol, text_cap, raw).0,
-    };
-    count(seen, kind, b"");
+    let Some(shape) = shape else { return read_whole(seen, protocol, text_cap, raw).0 };
+    if let Some(kind) = shape.read(raw, seen, text_cap) {
+        count(seen, kind, b"");
+        return kind;
+    }
+    let before = State::of(seen);
+    let (kind, data_at) = read_whole(seen, protocol, text_cap, raw);
+    if let Some(at) = data_at.filter(|_| kind == Kind::Content) {
+        let after = State::of(seen);
+        shape.keep(raw, at, &mut seen.holes, before, after);
+    }
     kind
 }
 

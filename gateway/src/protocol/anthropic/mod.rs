@@ -13,8 +13,8 @@ use serde::de::IgnoredAny;
 use serde_json::json;
 
 use super::ErrorKind;
-use super::events::{Kind, Seen, Text, TextSink, sse_event};
-use super::walk::{Hole, HoleKind, Walk, once};
+use super::events::{Hole, HoleKind, Kind, Seen, Text, TextSink, sse_event};
+use super::walk::{Walk, once};
 
 /// `{"type":"error","error":{"type","message"}}`, the shape the Anthropic
 /// SDKs parse into their typed exceptions.
@@ -203,19 +203,15 @@ mod tests {
 
     #[test]
     fn the_walker_reads_an_event_as_serde_json_does_or_leaves_it_to_serde_json() {
-        for event in EVENTS {
-            let slow = serde_json::from_str::<Event<'_>>(event).ok();
-            assert!(slow.is_some(), "serde_json reads {event}");
-            assert_eq!(read_event(event, None), slow, "{event}");
-        }
-        let (answered, cases) = super::super::walk::mutated(EVENTS, |text| match read_event(text, None) {
+        // Every usual event is read by the walker, and where it answers a
+        // mutated one, it answers what serde_json does.
+        super::super::walk::agrees(EVENTS, |text| match read_event(text, None) {
             Some(fast) => {
                 assert_eq!(Some(fast), serde_json::from_str::<Event<'_>>(text).ok(), "{text}");
                 true
             }
             None => false,
         });
-        assert!(cases > 10_000 && answered > cases / 4, "{answered} of {cases} answered");
         // What it leaves to serde_json: a duplicate, a `\u` escape, a
         // missing `type`.
         for event in [

@@ -14,8 +14,8 @@ use serde::de::IgnoredAny;
 use serde_json::json;
 
 use super::ErrorKind;
-use super::events::{Kind, Seen, Text, TextSink, sse_event};
-use super::walk::{Hole, HoleKind, Walk, once};
+use super::events::{Hole, HoleKind, Kind, Seen, Text, TextSink, sse_event};
+use super::walk::{Walk, once};
 
 /// `{"error":{"message","type","param","code"}}`, the shape the OpenAI
 /// SDKs parse into their typed exceptions.
@@ -254,21 +254,15 @@ mod tests {
 
     #[test]
     fn the_walker_reads_a_chunk_as_serde_json_does_or_leaves_it_to_serde_json() {
-        // Every usual chunk is read by the walker.
-        for chunk in CHUNKS {
-            let slow = serde_json::from_str::<Chunk<'_>>(chunk).ok();
-            assert!(slow.is_some(), "serde_json reads {chunk}");
-            assert_eq!(read_chunk(chunk, None), slow, "{chunk}");
-        }
-        // Mutated: where the walker answers, it answers what serde_json does.
-        let (answered, cases) = super::super::walk::mutated(CHUNKS, |text| match read_chunk(text, None) {
+        // Every usual chunk is read by the walker, and where it answers a
+        // mutated one, it answers what serde_json does.
+        super::super::walk::agrees(CHUNKS, |text| match read_chunk(text, None) {
             Some(fast) => {
                 assert_eq!(Some(fast), serde_json::from_str::<Chunk<'_>>(text).ok(), "{text}");
                 true
             }
             None => false,
         });
-        assert!(cases > 10_000 && answered > cases / 4, "{answered} of {cases} answered");
     }
 
     #[test]

@@ -24,9 +24,9 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::ErrorKind;
-use super::events::{Kind, Seen, Text, TextSink, sse_event};
+use super::events::{Hole, HoleKind, Kind, Seen, Text, TextSink, sse_event};
 use super::openai_chat;
-use super::walk::{Hole, HoleKind, Walk, once};
+use super::walk::{Walk, once};
 
 /// HTTP errors: the OpenAI shape.
 pub fn error_body(kind: ErrorKind, message: &str, code: Option<&str>) -> Bytes {
@@ -241,19 +241,15 @@ mod tests {
 
     #[test]
     fn the_walker_reads_an_event_as_serde_json_does_or_leaves_it_to_serde_json() {
-        for event in EVENTS {
-            let slow = serde_json::from_str::<Event<'_>>(event).ok();
-            assert!(slow.is_some(), "serde_json reads {event}");
-            assert_eq!(read_event(event, None), slow, "{event}");
-        }
-        let (answered, cases) = super::super::walk::mutated(EVENTS, |text| match read_event(text, None) {
+        // Every usual event is read by the walker, and where it answers a
+        // mutated one, it answers what serde_json does.
+        super::super::walk::agrees(EVENTS, |text| match read_event(text, None) {
             Some(fast) => {
                 assert_eq!(Some(fast), serde_json::from_str::<Event<'_>>(text).ok(), "{text}");
                 true
             }
             None => false,
         });
-        assert!(cases > 10_000 && answered > cases / 4, "{answered} of {cases} answered");
         for event in [
             r#"{"type":"response.output_text.delta","delta":"a","delta":"b"}"#,
             r#"{"type":"response.output_item.added","item":{"id":"x"}}"#,
