@@ -22,7 +22,7 @@ import urllib.request
 QUICK = "--quick" in sys.argv
 REPS = int(os.environ.get("REPS", 5)) if not QUICK else 1
 DUR = "5s" if not QUICK else "2s"
-BIN = os.path.abspath("target/release/tidegate")
+BIN = os.path.abspath(os.environ.get("TIDEGATE_BIN", "target/release/tidegate"))
 SIM, NGINX, GW = 19000, 19001, 19002
 BODY = '{"model":"bench","messages":[{"role":"user","content":"hello"}]}'
 SSE_BODY = '{"model":"sse","stream":true,"messages":[{"role":"user","content":"hello"}]}'

@@ -48,7 +48,25 @@ type Body = BoxBody<Bytes, Infallible>;
 /// whose content says how many requests this connection served before.
 async fn answer(req: Request<Incoming>, on_conn: usize) -> Result<Response<Body>, Infallible> {
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    if body.windows(13).any(|w| w == b"\"stream\":true") {
+    let has = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+    if has(b"\"quick\":true") || has(b"\"linger\":true") {
+        // A whole stream at once; with "linger", the body's end only 3 s
+        // after its `[DONE]`.
+        let events = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"all\"}}]}\n\ndata: [DONE]\n\n",
+        )))]);
+        let linger = has(b"\"linger\":true");
+        let end = futures_util::stream::once(async move {
+            if linger {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+            Ok::<_, Infallible>(Frame::data(Bytes::new()))
+        });
+        use futures_util::StreamExt;
+        let body = BodyExt::boxed(StreamBody::new(events.chain(end)));
+        return Ok(Response::builder().header("content-type", "text/event-stream").body(body).unwrap());
+    }
+    if has(b"\"stream\":true") {
         let first = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(Bytes::from_static(
             b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"first\"}}]}\n\n",
         )))]);
@@ -231,4 +249,58 @@ async fn a_connection_idle_for_a_minute_is_closed_without_another_request() {
     }
     assert_eq!(up.closed.load(Ordering::SeqCst), 1, "the idle connection was not closed");
     assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_finished_stream_lends_its_connection_again() {
+    let up = upstream(Mode::KeepAlive).await;
+    let gw = gateway(&config(&up)).await;
+    // Nothing is read after a stream's `[DONE]` for the stream itself; the
+    // body's end is read apart, so the connection goes back to the pool
+    // (dropped there, every stream would open a connection of its own).
+    for i in 0..5 {
+        let (status, _, text) = ask(&gw, r#"{"model":"m","stream":true,"quick":true}"#).await;
+        assert_eq!(status, 200);
+        assert!(text.contains("all") && text.contains("[DONE]"), "stream {i}: {text}");
+        // The end is read by a task of its own: give it its turn.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _, text) = ask(&gw, r#"{"model":"m"}"#).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("served 5 before"), "not on the streams' connection: {text}");
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 1, "a stream opened a connection of its own");
+    assert_eq!(up.closed.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_upstream_that_lingers_after_done_delays_no_client_and_loses_the_connection() {
+    let up = upstream(Mode::KeepAlive).await;
+    let gw = gateway(&config(&up)).await;
+    let started = tokio::time::Instant::now();
+    let (status, _, text) = ask(&gw, r#"{"model":"m","stream":true,"linger":true}"#).await;
+    assert_eq!(status, 200);
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the client waited {:?} for the upstream's end",
+        started.elapsed()
+    );
+    // Its end is waited for 2 s (the upstream sends it after 3): then the
+    // connection is closed, not lent.
+    for _ in 0..400 {
+        if up.closed.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(up.closed.load(Ordering::SeqCst), 1, "the lingering connection was kept");
+    assert!(
+        started.elapsed() < Duration::from_millis(2900),
+        "closed only at the upstream's end: {:?}",
+        started.elapsed()
+    );
+    let (status, _, text) = ask(&gw, r#"{"model":"m"}"#).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("served 0 before"), "{text}");
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
 }

@@ -8,8 +8,9 @@
 //! a protocol-shaped error event, and the request is reported `incomplete`
 //! with the text already delivered. After the protocol's terminal event
 //! the stream is complete, whatever the connection does next: nothing
-//! more is read from it. Dropping the body (client gone) drops the
-//! upstream connection at once.
+//! more is read from it for the stream (the body's end is read apart, so
+//! the connection can be reused: [`UpstreamBody::settle`]). Dropping the
+//! body (client gone) drops the upstream connection at once.
 //!
 //! The body does not own the request: its owner ([`crate::exchange`])
 //! polls it, takes its [`End`] when it has one, and is asked
@@ -476,10 +477,13 @@ impl RelayBody {
                     break;
                 }
                 // The terminal event: the answer is complete. Nothing
-                // after it is read, so a reset or an idle connection
-                // afterwards cannot make it look broken.
+                // after it is read here, so a reset or an idle connection
+                // afterwards cannot make it look broken; the rest of the
+                // body is read apart, for the connection's reuse.
                 Kind::Done => {
-                    self.inner = None;
+                    if let Some(inner) = self.inner.take() {
+                        inner.settle();
+                    }
                     break;
                 }
                 // A continuation's opening: the client already has it.

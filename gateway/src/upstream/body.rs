@@ -28,6 +28,20 @@ impl From<PooledBody> for UpstreamBody {
     }
 }
 
+impl UpstreamBody {
+    /// Its reader is done with it (a stream's terminal event came): the
+    /// rest is read in the background so its connection can be reused
+    /// (see [`PooledBody::settle`]).
+    pub fn settle(self) {
+        match self {
+            UpstreamBody::Plain(inner) => inner.settle(),
+            // Its event-stream frames are decoded by this body: dropped,
+            // the connection closes.
+            UpstreamBody::EventStream(_) => {}
+        }
+    }
+}
+
 impl Body for UpstreamBody {
     type Data = Bytes;
     type Error = ReadError;

@@ -11,7 +11,9 @@
 //! byte is read ([`PooledBody`]), by the reader itself.
 //!
 //! The rules that keep reuse safe: a connection goes back only after its
-//! whole answer was read (an answer dropped half-read closes it); one idle
+//! whole answer was read (an answer dropped half-read closes it; one whose
+//! reader is done before its end, a stream after its terminal event, is
+//! read to its end apart: [`PooledBody::settle`]); one idle
 //! for [`IDLE_FOR`] is not used again (a load balancer may have forgotten
 //! it without a word); one the upstream closed is skipped; a request that
 //! could not be written on a reused connection (closed just then) is sent
@@ -239,6 +241,56 @@ impl PooledBody {
             && let Some(pool) = pool.upgrade()
         {
             pool.give_back(conn);
+        }
+    }
+
+    /// Its reader has all it wants (a stream's terminal event came):
+    /// the rest (the chunked body's end, normally in the same packet or
+    /// the next) is read in the background, at most [`SETTLE_BYTES`] of it
+    /// within [`SETTLE_FOR`], so the connection goes back to the pool. A
+    /// body dropped there instead closes its connection, and every stream
+    /// opened a new one (a TLS handshake each, over HTTPS).
+    pub fn settle(self) {
+        if self.back.is_none() {
+            return;
+        }
+        let until = Box::pin(tokio::time::sleep(SETTLE_FOR));
+        tokio::spawn(Settle { body: self, until, read: 0 });
+    }
+}
+
+/// Longest a body is read after its reader is done with it (see
+/// [`PooledBody::settle`]).
+const SETTLE_FOR: Duration = Duration::from_secs(2);
+
+/// Most bytes read after its reader is done with it; an upstream with
+/// more to say after the end of its answer loses the connection instead.
+const SETTLE_BYTES: usize = 64 * 1024;
+
+/// The rest of a body read to its end (which gives the connection back)
+/// or dropped at a bound (which closes it).
+struct Settle {
+    body: PooledBody,
+    until: Pin<Box<tokio::time::Sleep>>,
+    read: usize,
+}
+
+impl Future for Settle {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        loop {
+            match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.read += frame.data_ref().map_or(0, Bytes::len);
+                    if this.read > SETTLE_BYTES {
+                        return Poll::Ready(());
+                    }
+                }
+                Poll::Ready(None | Some(Err(_))) => return Poll::Ready(()),
+                Poll::Pending => return this.until.as_mut().poll(cx),
+            }
         }
     }
 }
