@@ -47,7 +47,40 @@ type Body = BoxBody<Bytes, Infallible>;
 /// 3 s (a client can hang up in between); any other body gets [`ANSWER`],
 /// whose content says how many requests this connection served before.
 async fn answer(req: Request<Incoming>, on_conn: usize) -> Result<Response<Body>, Infallible> {
+    let bedrock = req.uri().path().ends_with("/invoke-with-response-stream");
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    if bedrock {
+        // A whole Anthropic stream as Bedrock frames it; the text says
+        // how many requests this connection served before.
+        let text = format!("served {on_conn} before");
+        let events = [
+            serde_json::json!({"type":"message_start","message":{"id":"m1","type":"message","role":"assistant",
+                "model":"claude","content":[],"stop_reason":null,"usage":{"input_tokens":1,"output_tokens":0}}}),
+            serde_json::json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}),
+            serde_json::json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":text}}),
+            serde_json::json!({"type":"content_block_stop","index":0}),
+            serde_json::json!({"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}),
+            serde_json::json!({"type":"message_stop"}),
+        ];
+        let mut frames = bytes::BytesMut::new();
+        for event in &events {
+            frames.extend_from_slice(&tidegate::upstream::eventstream::encode_chunk(event.to_string().as_bytes()));
+        }
+        let sized = body.windows(5).any(|w| w == b"sized");
+        let body = match sized {
+            // With its length (a proxy in front of Bedrock may buffer it).
+            true => Full::new(frames.freeze()).boxed(),
+            // Chunked, its end after the frames (as Bedrock sends it).
+            false => BodyExt::boxed(StreamBody::new(futures_util::stream::iter([
+                Ok::<_, Infallible>(Frame::data(frames.freeze())),
+                Ok(Frame::data(Bytes::new())),
+            ]))),
+        };
+        return Ok(Response::builder()
+            .header("content-type", "application/vnd.amazon.eventstream")
+            .body(body)
+            .unwrap());
+    }
     let has = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
     if has(b"\"quick\":true") || has(b"\"linger\":true") {
         // A whole stream at once; with "linger", the body's end only 3 s
@@ -303,4 +336,34 @@ async fn an_upstream_that_lingers_after_done_delays_no_client_and_loses_the_conn
     assert_eq!(status, 200);
     assert!(text.contains("served 0 before"), "{text}");
     assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn bedrock_streams_lend_their_connection_again_and_one_with_a_length_is_not_cut() {
+    let up = upstream(Mode::KeepAlive).await;
+    let config = format!(
+        "listen: 127.0.0.1:0\njournal: \"off\"\ndefaults:\n  stream_keepalive_after: \"off\"\nupstreams:\n  \
+         - {{ name: bedrock, kind: bedrock, region: us-east-1, base_url: \"http://{}\", aws_access_key_id: AKIDTEST, \
+         aws_secret_access_key: secret }}\nmodels:\n  claude: {{ targets: [{{ upstream: bedrock, model: anthropic.claude-v1 }}] }}\n",
+        up.addr
+    );
+    let gw = gateway(&config).await;
+    // Chunked answers (the stream's end read apart), then one with its
+    // length (its length is not the events': dropped, not passed on).
+    for (i, content) in ["hi", "hi", "hi", "sized"].into_iter().enumerate() {
+        let resp = common::client()
+            .post(common::url(&gw, "/v1/messages"))
+            .header("anthropic-version", "2023-06-01")
+            .json(&serde_json::json!({"model": "claude", "max_tokens": 16, "stream": true,
+                "messages": [{"role": "user", "content": content}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("message_stop"), "stream {i}: {text}");
+        assert!(text.contains(&format!("served {i} before")), "stream {i} not on the first connection: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 1, "a Bedrock stream opened a connection of its own");
 }

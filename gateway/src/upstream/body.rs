@@ -35,9 +35,7 @@ impl UpstreamBody {
     pub fn settle(self) {
         match self {
             UpstreamBody::Plain(inner) => inner.settle(),
-            // Its event-stream frames are decoded by this body: dropped,
-            // the connection closes.
-            UpstreamBody::EventStream(_) => {}
+            UpstreamBody::EventStream(inner) => inner.settle(),
         }
     }
 }

@@ -80,6 +80,13 @@ impl EventStreamSse {
     pub fn new(inner: PooledBody) -> Self {
         Self { inner, translator: Translator::default(), ended: false }
     }
+
+    /// Its reader is done with it (the terminal event came): the frames
+    /// still to come are read apart and dropped, so the connection can be
+    /// reused (see [`PooledBody::settle`]).
+    pub fn settle(self) {
+        self.inner.settle();
+    }
 }
 
 impl Body for EventStreamSse {

@@ -389,6 +389,9 @@ impl Upstream {
                     .is_some_and(|v| v.as_bytes().starts_with(eventstream::CONTENT_TYPE.as_bytes()));
             let body = if framed {
                 parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+                // The frames' length is not the events' (an answer that
+                // kept it ended the client's connection as cut short).
+                parts.headers.remove(header::CONTENT_LENGTH);
                 UpstreamBody::EventStream(Box::new(eventstream::EventStreamSse::new(incoming)))
             } else {
                 UpstreamBody::Plain(incoming)
