@@ -163,6 +163,17 @@ fn config(up: &Upstream) -> String {
     )
 }
 
+/// Waits until the upstream has seen a connection end, at most `tries`
+/// times 10 ms.
+async fn closed_within(up: &Upstream, tries: u32) {
+    for _ in 0..tries {
+        if up.closed.load(Ordering::SeqCst) >= 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn ask(gw: &tidegate::server::Running, body: &str) -> (u16, String, String) {
     let resp = post(gw, "/v1/chat/completions", body).await;
     let attempts = resp.headers()["x-tidegate-attempts"].to_str().unwrap().to_string();
@@ -274,12 +285,7 @@ async fn a_connection_idle_for_a_minute_is_closed_without_another_request() {
     }
     assert_eq!(up.closed.load(Ordering::SeqCst), 0, "closed before a minute idle");
     tokio::time::advance(Duration::from_secs(11)).await;
-    for _ in 0..1000 {
-        if up.closed.load(Ordering::SeqCst) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    closed_within(&up, 1000).await;
     assert_eq!(up.closed.load(Ordering::SeqCst), 1, "the idle connection was not closed");
     assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
 }
@@ -320,12 +326,7 @@ async fn an_upstream_that_lingers_after_done_delays_no_client_and_loses_the_conn
     );
     // Its end is waited for 2 s (the upstream sends it after 3): then the
     // connection is closed, not lent.
-    for _ in 0..400 {
-        if up.closed.load(Ordering::SeqCst) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    closed_within(&up, 400).await;
     assert_eq!(up.closed.load(Ordering::SeqCst), 1, "the lingering connection was kept");
     assert!(
         started.elapsed() < Duration::from_millis(2900),

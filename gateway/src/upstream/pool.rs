@@ -254,8 +254,7 @@ impl PooledBody {
         if self.back.is_none() {
             return;
         }
-        let until = Box::pin(tokio::time::sleep(SETTLE_FOR));
-        tokio::spawn(Settle { body: self, until, read: 0 });
+        tokio::spawn(Settle { body: self, until: None, read: 0 });
     }
 }
 
@@ -271,7 +270,8 @@ const SETTLE_BYTES: usize = 64 * 1024;
 /// or dropped at a bound (which closes it).
 struct Settle {
     body: PooledBody,
-    until: Pin<Box<tokio::time::Sleep>>,
+    /// Armed on the first wait only: the end is usually there at once.
+    until: Option<Pin<Box<tokio::time::Sleep>>>,
     read: usize,
 }
 
@@ -289,7 +289,10 @@ impl Future for Settle {
                     }
                 }
                 Poll::Ready(None | Some(Err(_))) => return Poll::Ready(()),
-                Poll::Pending => return this.until.as_mut().poll(cx),
+                Poll::Pending => {
+                    let until = this.until.get_or_insert_with(|| Box::pin(tokio::time::sleep(SETTLE_FOR)));
+                    return until.as_mut().poll(cx);
+                }
             }
         }
     }
