@@ -2,9 +2,9 @@
 //!
 //! Requests hand their finished [`Record`] to a bounded channel and move on;
 //! a writer thread stores rows in batches (WAL, one transaction a batch), so
-//! journaling adds no latency to a request. The writer wakes at most every
-//! [`FLUSH_EVERY`], not per row, and commits when [`GATHER`] rows are
-//! waiting or the oldest has waited [`FLUSH_AFTER`]: a commit has a fixed
+//! journaling adds no latency to a request. The writer is not woken per
+//! row: it commits when [`GATHER`] rows are waiting (their sender wakes it)
+//! or the oldest has waited [`FLUSH_AFTER`]: a commit has a fixed
 //! cost (~0.2 ms of page writes), so per row it was the journal's largest
 //! cost at a quiet gateway's rates. Reading the journal through the admin
 //! API, and shutting down, hurry the writer, so neither sees a stale file. A full channel or a failing disk
@@ -40,9 +40,8 @@ pub use reader::{Query, get, list};
 /// resident from start, for a queue that holds a few thousand rows at
 /// most when the disk keeps up.
 const CHANNEL: u64 = 32_768;
-/// How often the writer looks at what has gathered.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(50);
-/// Rows that make a commit worth it at once.
+/// Rows that make a commit worth it at once (the sender of the row that
+/// makes this many waiting wakes the writer).
 const GATHER: usize = 1024;
 /// How long the first row of a batch waits for others, at most.
 pub const FLUSH_AFTER: Duration = Duration::from_secs(1);
@@ -349,11 +348,19 @@ impl Journal {
     /// dropped and counted rather than held.
     pub fn record(&self, row: Record) {
         let sent = self.sent.load(Ordering::Relaxed);
-        if sent.saturating_sub(self.done.load(Ordering::Acquire)) >= CHANNEL || self.tx.send(row).is_err() {
+        let waiting = sent.saturating_sub(self.done.load(Ordering::Acquire));
+        if waiting >= CHANNEL || self.tx.send(row).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
         self.sent.fetch_add(1, Ordering::Release);
+        if waiting + 1 == GATHER as u64
+            && let Some(writer) = &self.writer
+        {
+            // A batch worth committing now (a wake-up for a writer already
+            // awake makes its next gathering end early: harmless).
+            writer.unpark();
+        }
     }
 
     /// Rows dropped so far (channel full, disk failing).
@@ -718,6 +725,33 @@ mod tests {
         assert!(get(&path, "not-a-uuid").unwrap().is_none());
         let (hi, _) = uuid::Uuid::parse_str(&new.id).unwrap().as_u64_pair();
         assert_eq!(newest_key(&path), hi, "ids made after a restart sort after this row");
+    }
+
+    #[test]
+    fn a_full_batch_is_committed_without_waiting_out_the_gathering() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let gathering = Duration::from_secs(60);
+        let journal =
+            Journal::gathering(&path, Retention { max_age: Duration::from_secs(3600), max_rows: 100_000 }, gathering);
+        assert!(journal.flush(Duration::from_secs(20)), "the writer never started");
+        let now = jiff::Timestamp::now().as_millisecond();
+        // One row, then a pause: the writer holds it and sleeps (for the
+        // gathering's minute, unless woken).
+        journal.record(record(&row(v7(now), now), &[]));
+        std::thread::sleep(Duration::from_millis(200));
+        for k in 1..GATHER as i64 + 1 {
+            journal.record(record(&row(v7(now + k), now), &[]));
+        }
+        // Without a flush: the GATHER-th waiting row's sender woke the
+        // writer. 20 s is far from both a commit and the minute.
+        let started = tokio::time::Instant::now();
+        while journal.done.load(Ordering::Acquire) < GATHER as u64 {
+            assert!(started.elapsed() < Duration::from_secs(20), "a full batch waited for the gathering");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(journal.flush(Duration::from_secs(20)));
+        assert_eq!(list(&path, &Query { limit: 2000, ..Default::default() }).unwrap().len(), GATHER + 1);
     }
 
     #[test]

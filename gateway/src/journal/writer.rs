@@ -3,6 +3,7 @@
 
 use super::schema::{REQUEST_TABLE, open, request_columns};
 use super::*;
+use tokio::time::Instant;
 
 /// The writer thread's loop: opens the file (again later if it cannot),
 /// gathers rows, commits them in batches, prunes by retention, and
@@ -30,11 +31,13 @@ pub(super) fn run(
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        // Let a batch gather: senders never wake a sleeping writer, a busy
-        // gateway commits a thousand rows or more at once, a quiet one
-        // about once a second.
+        // Let a batch gather: the writer sleeps until the first row has
+        // waited `flush_after`, unless the sender of the GATHER-th waiting
+        // row (or a flush) wakes it. A busy gateway commits a thousand rows
+        // or more at once, a quiet one about once a second, and the writer
+        // wakes once a commit, not every few milliseconds to look.
         let mut batch = vec![first];
-        let mut waited = Duration::ZERO;
+        let gathering = Instant::now();
         loop {
             let mut connected = true;
             while batch.len() < BATCH {
@@ -47,11 +50,11 @@ pub(super) fn run(
                     }
                 }
             }
+            let waited = gathering.elapsed();
             if batch.len() >= GATHER || waited >= flush_after || !connected || hurry.load(Ordering::Acquire) > 0 {
                 break;
             }
-            std::thread::park_timeout(FLUSH_EVERY);
-            waited += FLUSH_EVERY;
+            std::thread::park_timeout(flush_after - waited);
         }
         if conn.is_none() {
             match open(path) {
