@@ -33,7 +33,7 @@ SSE = '{"model":"bench","stream":true,"messages":[{"role":"user","content":"hell
 SLOW = '{"model":"slow","messages":[{"role":"user","content":"hello"}]}'
 UPSTREAM_BIN = os.path.abspath("target/release/examples/upstream")
 BARE_BIN = os.path.abspath("target/release/examples/bare_proxy")
-BARE = 19102
+BARE, FLOOR = 19102, 19103
 
 
 def cpu_per_request(pid, port, res):
@@ -90,6 +90,20 @@ def main():
         run.wait_port(BARE)
         targets["bare hyper proxy"] = BARE
         pids["bare hyper proxy"] = bare.pid
+        # The floor: the bare proxy plus what no gateway with a journal can
+        # skip (the body read whole, its model read, a request id, one
+        # journal row in tidegate's own writer). FLOOR=0 leaves it out.
+        if os.environ.get("FLOOR", "1") != "0":
+            journal = os.path.join(run.TMP, "floor-journal.db")
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(journal + suffix):
+                    os.remove(journal + suffix)
+            floor = run.start([BARE_BIN, f"127.0.0.1:{FLOOR}", f"127.0.0.1:{UP}", "--journal", journal], 0,
+                              log="floor.log")
+            procs.append(floor)
+            run.wait_port(FLOOR)
+            targets["floor"] = FLOOR
+            pids["floor"] = floor.pid
         for i, (name, binary, args, env, extra) in enumerate(columns):
             port = GW + i
             cwd = os.path.join(run.TMP, f"col{i}")
@@ -155,8 +169,12 @@ def main():
     def row(label, f):
         print(f"| {label} | " + " | ".join(f(m[n]) for n in names) + " |")
 
+    bare = m["bare hyper proxy"]
     row("saturated req/s", lambda x: f"{x['rps']:.0f}")
     row("  × nginx", lambda x: f"{x['rps'] / ng['rps']:.2f}")
+    row("  × bare proxy", lambda x: f"{x['rps'] / bare['rps']:.2f}")
+    row("CPU µs per request, saturated (1 / req/s)", lambda x: f"{1e6 / x['rps']:.1f}")
+    row("  over the bare proxy's", lambda x: f"{1e6 / x['rps'] - 1e6 / bare['rps']:+.1f}")
     row("CPU µs per request @500/s", lambda x: f"{x['cpu']:.1f}")
     row("  × nginx", lambda x: f"{x['cpu'] / ng['cpu']:.2f}")
     row("  user / kernel µs (10 ms ticks)", lambda x: f"{x['user']:.0f} / {x['kernel']:.0f}")

@@ -34,7 +34,7 @@ WARM, N = int(os.environ.get("WARM", 500)), int(os.environ.get("N", 2000))
 STREAMS = int(os.environ.get("STREAMS", 400))
 STREAM_EVENTS = int(os.environ.get("STREAM_EVENTS", 2))  # more: the per-event path weighs in
 STREAM_GAP_MS = int(os.environ.get("STREAM_GAP_MS", 1))  # 20: tokens as a model sends them
-UP, NGINX, BARE, GW = 19700, 19701, 19702, 19703
+UP, NGINX, BARE, GW, FLOOR = 19700, 19701, 19702, 19703, 19704
 UPSTREAM_BIN = os.path.abspath("target/release/examples/upstream")
 BARE_BIN = os.path.abspath("target/release/examples/bare_proxy")
 STREAMS_BIN = os.path.abspath("target/release/examples/streams")
@@ -92,8 +92,17 @@ def phase(upstream_cmd, load, warm, n):
                              run.TMP, **more),
             "bare hyper proxy": counted("bare", [BARE_BIN, f"127.0.0.1:{BARE}", f"127.0.0.1:{UP}"], BARE, run.TMP,
                                         **more),
-            "tidegate": counted("tidegate", [run.BIN, "serve", "--config", cfg], GW, cwd, **more),
         }
+        if os.environ.get("FLOOR", "1") != "0":
+            # The bare proxy plus the body read whole, its model read, a
+            # request id and tidegate's journal row (examples/bare_proxy.rs).
+            journal = os.path.join(run.TMP, "floor-cg.db")
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(journal + suffix):
+                    os.remove(journal + suffix)
+            rows["floor"] = counted("floor", [BARE_BIN, f"127.0.0.1:{FLOOR}", f"127.0.0.1:{UP}", "--journal", journal],
+                                    FLOOR, run.TMP, **more)
+        rows["tidegate"] = counted("tidegate", [run.BIN, "serve", "--config", cfg], GW, cwd, **more)
         if os.environ.get("BASELINE_BIN"):
             # An older build with the same config (its own journal file).
             base = os.path.join(run.TMP, "baseline-cg")
@@ -119,6 +128,9 @@ def table(title, rows):
     print("\ntidegate by thread (the runtime's, the journal writer's, ...): "
           + ", ".join(f"{v:,.0f}" for _, v in threads if v >= 1))
     print(f"tidegate's own work: {total['tidegate'] - bare:,.0f} instructions over the bare proxy's")
+    if "floor" in total:
+        print(f"the floor (model read, request id, journal row): {total['floor'] - bare:,.0f} over the bare proxy's; "
+              f"tidegate {total['tidegate'] - total['floor']:,.0f} over the floor's")
 
 
 def main():
