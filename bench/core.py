@@ -94,12 +94,7 @@ def main():
         # skip (the body read whole, its model read, a request id, one
         # journal row in tidegate's own writer). FLOOR=0 leaves it out.
         if os.environ.get("FLOOR", "1") != "0":
-            journal = os.path.join(run.TMP, "floor-journal.db")
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(journal + suffix):
-                    os.remove(journal + suffix)
-            floor = run.start([BARE_BIN, f"127.0.0.1:{FLOOR}", f"127.0.0.1:{UP}", "--journal", journal], 0,
-                              log="floor.log")
+            floor = run.start(run.floor_cmd(BARE_BIN, FLOOR, UP, "floor-journal.db"), 0, log="floor.log")
             procs.append(floor)
             run.wait_port(FLOOR)
             targets["floor"] = FLOOR

@@ -96,12 +96,7 @@ def phase(upstream_cmd, load, warm, n):
         if os.environ.get("FLOOR", "1") != "0":
             # The bare proxy plus the body read whole, its model read, a
             # request id and tidegate's journal row (examples/bare_proxy.rs).
-            journal = os.path.join(run.TMP, "floor-cg.db")
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(journal + suffix):
-                    os.remove(journal + suffix)
-            rows["floor"] = counted("floor", [BARE_BIN, f"127.0.0.1:{FLOOR}", f"127.0.0.1:{UP}", "--journal", journal],
-                                    FLOOR, run.TMP, **more)
+            rows["floor"] = counted("floor", run.floor_cmd(BARE_BIN, FLOOR, UP, "floor-cg.db"), FLOOR, run.TMP, **more)
         rows["tidegate"] = counted("tidegate", [run.BIN, "serve", "--config", cfg], GW, cwd, **more)
         if os.environ.get("BASELINE_BIN"):
             # An older build with the same config (its own journal file).

@@ -47,6 +47,17 @@ def start(cmd, cpu, env=None, log="proc.log"):
                             env=dict(os.environ, **(env or {})))
 
 
+def floor_cmd(bare_bin, port, upstream_port, name):
+    """The floor (examples/bare_proxy.rs --journal: the bare proxy plus the
+    body read whole, its model read, a request id and tidegate's journal
+    row) on `port`, with a fresh journal file `name` under TMP."""
+    journal = os.path.join(TMP, name)
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(journal + suffix):
+            os.remove(journal + suffix)
+    return [bare_bin, f"127.0.0.1:{port}", f"127.0.0.1:{upstream_port}", "--journal", journal]
+
+
 def stop(procs):
     """SIGTERM every process, then kill what has not ended within 5 s."""
     for p in procs:

@@ -227,45 +227,40 @@ fn main() {
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     match journal {
-        None => rt.block_on(bare(addr, Pool::<Incoming> { addr: upstream, idle: Arc::default() })),
+        None => {
+            // The bare proxy: each request forwarded as it comes.
+            let pool = Pool::<Incoming> { addr: upstream, idle: Arc::default() };
+            rt.block_on(serve(addr, move |req| {
+                let pool = pool.clone();
+                async move { pool.send(req).await.map(|b| b.boxed()) }
+            }))
+        }
         Some(path) => {
             // tidegate's default retention.
             let retention = Retention { max_age: Duration::from_secs(30 * 24 * 3600), max_rows: 1_000_000 };
             let journal = Journal::start(std::path::Path::new(&path), retention);
             journal.register(Arc::from(vec!["up".to_string()]));
-            rt.block_on(floored(addr, Pool { addr: upstream, idle: Arc::default() }, journal))
+            let pool = Pool { addr: upstream, idle: Arc::default() };
+            rt.block_on(serve(addr, move |req| floor(pool.clone(), journal.clone(), req)))
         }
     }
 }
 
-/// The bare proxy: each request forwarded as it comes.
-async fn bare(addr: std::net::SocketAddr, pool: Pool<Incoming>) {
+/// Accepts connections on `addr` and answers each request with `handle`.
+async fn serve<F, Fut>(addr: std::net::SocketAddr, handle: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         let _ = stream.set_nodelay(true);
-        let pool = pool.clone();
+        let handle = handle.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let pool = pool.clone();
-                async move { Ok::<Response<Body>, Infallible>(pool.send(req).await.map(|b| b.boxed())) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
-}
-
-/// The floor: the bare proxy plus the model read and the journal row.
-async fn floored(addr: std::net::SocketAddr, pool: Pool<Full<Bytes>>, journal: Journal) {
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
-        let _ = stream.set_nodelay(true);
-        let (pool, journal) = (pool.clone(), journal.clone());
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let (pool, journal) = (pool.clone(), journal.clone());
-                async move { Ok::<Response<Body>, Infallible>(floor(pool, journal, req).await) }
+                let answer = handle(req);
+                async move { Ok::<Response<Body>, Infallible>(answer.await) }
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });

@@ -10,7 +10,7 @@
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -116,25 +116,25 @@ impl BatchWriter {
             .spawn(move || {
                 let mut spare = Vec::with_capacity(FLUSH_AT);
                 loop {
-                    if let Ok(buf) = bg.buf.lock() {
-                        // Idle: asleep until a line comes (the first line
-                        // into an empty buffer wakes the thread), not woken
-                        // every 100 ms to find nothing: on a quiet gateway
-                        // those wake-ups were its only CPU use.
-                        drop(bg.wake.wait_while(buf, |b| b.is_empty() && !bg.stop.load(Ordering::Acquire)));
-                        bg.rounds.fetch_add(1, Ordering::Relaxed);
-                    }
+                    // A poisoned lock (a writer panicked holding it) still
+                    // guards a plain buffer: used as it is.
+                    let buf = bg.buf.lock().unwrap_or_else(PoisonError::into_inner);
+                    // Idle: asleep until a line comes (the first line into
+                    // an empty buffer wakes the thread), not woken every
+                    // 100 ms to find nothing: on a quiet gateway those
+                    // wake-ups were its only CPU use.
+                    let mut buf = bg
+                        .wake
+                        .wait_while(buf, |b| b.is_empty() && !bg.stop.load(Ordering::Acquire))
+                        .unwrap_or_else(PoisonError::into_inner);
+                    bg.rounds.fetch_add(1, Ordering::Relaxed);
                     let stopping = bg.stop.load(Ordering::Acquire);
-                    if let Ok(mut buf) = bg.buf.lock() {
-                        // Then the batch gathers for up to 100 ms.
-                        if buf.len() < FLUSH_AT && !stopping {
-                            buf = match bg.wake.wait_timeout(buf, FLUSH_EVERY) {
-                                Ok((buf, _)) => buf,
-                                Err(poisoned) => poisoned.into_inner().0,
-                            };
-                        }
-                        std::mem::swap(&mut *buf, &mut spare);
+                    // Then the batch gathers for up to 100 ms.
+                    if buf.len() < FLUSH_AT && !stopping {
+                        buf = bg.wake.wait_timeout(buf, FLUSH_EVERY).unwrap_or_else(PoisonError::into_inner).0;
                     }
+                    std::mem::swap(&mut *buf, &mut spare);
+                    drop(buf);
                     let dropped = bg.dropped.swap(0, Ordering::Relaxed);
                     if dropped > 0 {
                         let _ = writeln!(out, "tidegate: {dropped} log lines dropped (stderr too slow)");

@@ -727,14 +727,21 @@ mod tests {
         assert_eq!(newest_key(&path), hi, "ids made after a restart sort after this row");
     }
 
+    /// A journal at `path` whose batches gather for a minute, its writer
+    /// started. (The writer's start — thread, file, schema — is not what
+    /// the tests pin: a loaded machine may take a while for it.)
+    fn gathering_a_minute(path: &Path) -> Journal {
+        let retention = Retention { max_age: Duration::from_secs(3600), max_rows: 100_000 };
+        let journal = Journal::gathering(path, retention, Duration::from_secs(60));
+        assert!(journal.flush(Duration::from_secs(20)), "the writer never started");
+        journal
+    }
+
     #[test]
     fn a_full_batch_is_committed_without_waiting_out_the_gathering() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.db");
-        let gathering = Duration::from_secs(60);
-        let journal =
-            Journal::gathering(&path, Retention { max_age: Duration::from_secs(3600), max_rows: 100_000 }, gathering);
-        assert!(journal.flush(Duration::from_secs(20)), "the writer never started");
+        let journal = gathering_a_minute(&path);
         let now = jiff::Timestamp::now().as_millisecond();
         // One row, then a pause: the writer holds it and sleeps (for the
         // gathering's minute, unless woken).
@@ -761,13 +768,8 @@ mod tests {
         // A gathering of a minute: a flush that waited it out would take a
         // minute; a hurried commit takes one commit, which a busy disk has
         // stretched past 900 ms on CI's machine. The bound sits far from both.
-        let gathering = Duration::from_secs(60);
-        let journal =
-            Journal::gathering(&path, Retention { max_age: Duration::from_secs(3600), max_rows: 1000 }, gathering);
+        let journal = gathering_a_minute(&path);
         let now = jiff::Timestamp::now().as_millisecond();
-        // The writer's start (thread, file, schema) is not what this pins:
-        // a loaded machine may take a while for it.
-        assert!(journal.flush(Duration::from_secs(20)), "the writer never started");
         for round in 0..10 {
             // Two rows handed over back to back and a flush at once: the
             // writer may hold the first when the flush begins; the second
