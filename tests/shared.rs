@@ -348,6 +348,49 @@ async fn rate_buckets_and_the_learned_limit_are_shared() {
     assert!(seen < 8, "D uses the limit C learned: {state}");
 }
 
+/// Refusals come back together: seven leases held, five of them refused
+/// at once, lower the shared limit to the two the provider accepted. Each
+/// refusal lowers and gives its lease back in one step; lowered apart, all
+/// five saw seven leases and the limit stopped at six.
+#[tokio::test]
+async fn a_wave_of_refusals_lowers_the_shared_limit_once_each() {
+    use tidegate::shared::{SharedSlot, SharedState};
+    let redis = Redis::start();
+    let state = SharedState::start(&redis.url(), Duration::from_secs(30), &["u".to_string()]).unwrap();
+    for _ in 0..100 {
+        if state.is_up() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(state.is_up(), "joined the store");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut leases = Vec::new();
+    for _ in 0..7 {
+        match state.acquire("u", 100, deadline).await {
+            SharedSlot::Leased(lease, limit) => {
+                assert_eq!(limit, 100);
+                leases.push(lease);
+            }
+            _ => panic!("a lease under a limit of 100"),
+        }
+    }
+    let refused: Vec<_> = leases.drain(2..).collect();
+    let lowered =
+        futures_util::future::join_all(refused.into_iter().map(|l| state.lower(l, 100, Duration::from_secs(60)))).await;
+    let mut conn = redis.conn().await;
+    let limit: String = redis::cmd("GET").arg("tidegate:{u}:limit").query_async(&mut conn).await.unwrap();
+    let held: u32 = redis::cmd("ZCARD").arg("tidegate:{u}:leases").query_async(&mut conn).await.unwrap();
+    assert_eq!(
+        (limit.as_str(), held),
+        ("2", 2),
+        "lowered to the accepted ones, the refused leases given back: {lowered:?}"
+    );
+    // The next acquire waits: two held under a limit of two.
+    let wait = state.acquire("u", 100, Instant::now() + Duration::from_millis(300)).await;
+    assert!(matches!(wait, SharedSlot::Deadline), "a third lease under the learned limit of 2");
+}
+
 /// A response stored at upstream `a` through replica one is continued at
 /// `a` through replica two, although replica two lists `b` first and has
 /// never seen the response: the pin is in Redis.

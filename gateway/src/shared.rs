@@ -169,14 +169,19 @@ const MAX_TURNS: u32 = 10_000;
 const KEPT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Lower the shared limit, when a concurrency refusal comes back, to the
-/// leases held now (the refused request's still among them) minus its own:
-/// every request the provider had accepted when it refused is among them
-/// (plus some sent after, which a later refusal corrects), so the level
-/// is never below what the provider accepts. (The leases held when the
-/// refused request took its own are not: requests sent together reach
-/// the provider in any order, and the first one taken may be the one
-/// refused.) Floor 1. That level is remembered as the ceiling of growth
-/// for ARGV[2] ms (only ever lowered meanwhile).
+/// leases held now (the refused request's still among them) minus its own,
+/// and give that lease back in the same step: every request the provider
+/// had accepted when it refused is among them (plus some sent after, which
+/// a later refusal corrects), so the level is never below what the
+/// provider accepts. (The leases held when the refused request took its
+/// own are not: requests sent together reach the provider in any order,
+/// and the first one taken may be the one refused.) One step, because
+/// refusals come back together: lowered apart from the give-back, each of
+/// a wave of k refusals saw the same leases and lowered to the same level,
+/// one below them, not k. Floor 1. That level is remembered as the
+/// ceiling of growth for ARGV[2] ms (only ever lowered meanwhile). KEYS:
+/// leases, limit, ceiling, waiters, waiters' expiries, release channel;
+/// ARGV: cap, memory, the refused request's lease id.
 const LOWER: &str = r"
 local limit = tonumber(redis.call('GET', KEYS[2]) or ARGV[1])
 local lowered = math.max(1, redis.call('ZCARD', KEYS[1]) - 1)
@@ -184,8 +189,12 @@ local ceiling = tonumber(redis.call('GET', KEYS[3]) or ARGV[1])
 redis.call('SET', KEYS[3], tostring(math.min(ceiling, lowered)), 'PX', ARGV[2])
 if lowered < limit then
   redis.call('SET', KEYS[2], tostring(lowered))
-  return tostring(lowered)
+  limit = lowered
 end
+redis.call('ZREM', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[4], ARGV[3])
+redis.call('ZREM', KEYS[5], ARGV[3])
+redis.call('PUBLISH', KEYS[6], ARGV[3])
 return tostring(limit)
 ";
 
@@ -628,15 +637,24 @@ impl SharedState {
         let _ = self.call::<i64>(inv).await;
     }
 
-    /// "Concurrency limit" seen by a request still holding its lease: the
-    /// shared limit drops to the other leases held now, and growth stays
-    /// below that level for `memory`. Returns the new limit.
-    pub async fn lower(&self, upstream: &str, cap: u32, memory: Duration) -> Option<f64> {
-        let keys = self.upstreams.get(upstream)?;
+    /// "Concurrency limit" seen by a request still holding `lease`: the
+    /// shared limit drops to the other leases held now, growth stays below
+    /// that level for `memory`, and the lease is given back in the same
+    /// step (see [`LOWER`]). Returns the new limit (`None`: the store did
+    /// not answer, and the lease is given back in the background).
+    pub async fn lower(&self, mut lease: SharedLease, cap: u32, memory: Duration) -> Option<f64> {
+        lease.renewer.abort();
+        let spot = &mut lease.spot;
+        let keys = spot.keys.clone();
         let mut inv = self.scripts.lower.prepare_invoke();
-        let memory = memory.as_millis() as u64;
-        inv.key(&keys.leases).key(&keys.limit).key(&keys.ceiling).arg(cap).arg(memory);
-        self.call::<String>(inv).await.and_then(|s| s.parse().ok())
+        inv.key(&keys.leases).key(&keys.limit).key(&keys.ceiling);
+        inv.key(&keys.waiters).key(&keys.waiters_exp).key(&keys.released);
+        inv.arg(cap).arg(memory.as_millis() as u64).arg(&spot.id);
+        let lowered = self.call::<String>(inv).await.and_then(|s| s.parse().ok());
+        // Answered: the script gave the lease back. Otherwise the spot's
+        // drop tries again.
+        spot.armed = lowered.is_none();
+        lowered
     }
 
     /// A success while the shared limit is below `cap`: grow it.

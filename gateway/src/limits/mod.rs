@@ -263,16 +263,27 @@ impl Drop for Permit {
             && self.limiter.config.adaptive
             && let (Some(lease), Some(shared)) = (self.shared.take(), &self.limiter.shared)
         {
-            let (state, upstream, cap) = (shared.state.clone(), shared.upstream.clone(), self.limiter.cap() as u32);
+            let (state, cap) = (shared.state.clone(), self.limiter.cap() as u32);
             let me = self.limiter.me.clone();
+            // The local slot too is kept until the shared limit is lowered:
+            // freed first, it lets a waiter here (the refused request's own
+            // retry among them) take a lease before the lowering, which
+            // then counts that lease among those the provider accepted and
+            // lowers nothing — a wave of refusals each replaced by a new
+            // request teaches no limit.
+            let local = self.lease.take();
             self.limiter.tasks.spawn(async move {
                 // Lowered while the lease still counts (the level is the
-                // others held), then given back: a waiter it wakes sees
-                // the lowered limit.
-                let lowered = state.lower(&upstream, cap, ADAPTIVE_MEMORY).await;
-                lease.give_back().await;
-                if let (Some(limit), Some(me)) = (lowered, me.upgrade()) {
-                    me.set_shared_limit(limit);
+                // others held) and given back in the same step: a waiter
+                // it wakes sees the lowered limit.
+                let lowered = state.lower(lease, cap, ADAPTIVE_MEMORY).await;
+                if let Some(me) = me.upgrade() {
+                    if let Some(limit) = lowered {
+                        me.set_shared_limit(limit);
+                    }
+                    if let Some(local) = local {
+                        me.release(local, None, Duration::ZERO);
+                    }
                 }
             });
         }
