@@ -76,13 +76,21 @@ redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
 return {0, limit}
 ";
 
-const RELEASE: &str = r"
+/// Gives lease ARGV[1] back (or leaves the waiting line) and wakes the
+/// waiters. KEYS: leases, waiters, waiters' expiries, release channel
+/// (see [`lease_keys`]). A macro, not a constant: [`LOWER`] ends with it.
+macro_rules! release_lua {
+    () => {
+        "
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('PUBLISH', KEYS[4], ARGV[1])
-return 1
-";
+"
+    };
+}
+
+const RELEASE: &str = concat!(release_lua!(), "return 1\n");
 
 const RENEW: &str = r"
 local t = redis.call('TIME')
@@ -179,24 +187,23 @@ const KEPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// refusals come back together: lowered apart from the give-back, each of
 /// a wave of k refusals saw the same leases and lowered to the same level,
 /// one below them, not k. Floor 1. That level is remembered as the
-/// ceiling of growth for ARGV[2] ms (only ever lowered meanwhile). KEYS:
-/// leases, limit, ceiling, waiters, waiters' expiries, release channel;
-/// ARGV: cap, memory, the refused request's lease id.
-const LOWER: &str = r"
-local limit = tonumber(redis.call('GET', KEYS[2]) or ARGV[1])
+/// ceiling of growth for ARGV[3] ms (only ever lowered meanwhile). KEYS:
+/// [`RELEASE`]'s, then limit, ceiling; ARGV: the refused request's lease
+/// id, cap, memory.
+const LOWER: &str = concat!(
+    "
+local limit = tonumber(redis.call('GET', KEYS[5]) or ARGV[2])
 local lowered = math.max(1, redis.call('ZCARD', KEYS[1]) - 1)
-local ceiling = tonumber(redis.call('GET', KEYS[3]) or ARGV[1])
-redis.call('SET', KEYS[3], tostring(math.min(ceiling, lowered)), 'PX', ARGV[2])
+local ceiling = tonumber(redis.call('GET', KEYS[6]) or ARGV[2])
+redis.call('SET', KEYS[6], tostring(math.min(ceiling, lowered)), 'PX', ARGV[3])
 if lowered < limit then
-  redis.call('SET', KEYS[2], tostring(lowered))
+  redis.call('SET', KEYS[5], tostring(lowered))
   limit = lowered
 end
-redis.call('ZREM', KEYS[1], ARGV[3])
-redis.call('ZREM', KEYS[4], ARGV[3])
-redis.call('ZREM', KEYS[5], ARGV[3])
-redis.call('PUBLISH', KEYS[6], ARGV[3])
-return tostring(limit)
-";
+",
+    release_lua!(),
+    "return tostring(limit)\n"
+);
 
 /// Grow the shared limit by 1/limit, up to ARGV cap and, while the level
 /// last refused is remembered (KEYS[2]), never up to it.
@@ -387,6 +394,12 @@ impl Drop for SharedState {
 #[derive(Debug, thiserror::Error)]
 #[error("state: {0}")]
 pub struct SharedError(String);
+
+/// The keys and the argument [`RELEASE`] (and [`LOWER`]'s give-back) work
+/// on: lease `id` of the upstream with `keys`.
+fn lease_keys(inv: &mut redis::ScriptInvocation<'_>, keys: &Keys, id: &str) {
+    inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.released).arg(id);
+}
 
 /// A shared concurrency lease; given back when dropped (in a task), and
 /// renewed until then.
@@ -606,7 +619,7 @@ impl SharedState {
 
     async fn release(&self, keys: &Keys, id: &str) {
         let mut inv = self.scripts.release.prepare_invoke();
-        inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.released).arg(id);
+        lease_keys(&mut inv, keys, id);
         let _ = self.call::<i64>(inv).await;
     }
 
@@ -647,9 +660,8 @@ impl SharedState {
         let spot = &mut lease.spot;
         let keys = spot.keys.clone();
         let mut inv = self.scripts.lower.prepare_invoke();
-        inv.key(&keys.leases).key(&keys.limit).key(&keys.ceiling);
-        inv.key(&keys.waiters).key(&keys.waiters_exp).key(&keys.released);
-        inv.arg(cap).arg(memory.as_millis() as u64).arg(&spot.id);
+        lease_keys(&mut inv, &keys, &spot.id);
+        inv.key(&keys.limit).key(&keys.ceiling).arg(cap).arg(memory.as_millis() as u64);
         let lowered = self.call::<String>(inv).await.and_then(|s| s.parse().ok());
         // Answered: the script gave the lease back. Otherwise the spot's
         // drop tries again.

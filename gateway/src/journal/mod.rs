@@ -354,11 +354,14 @@ impl Journal {
             return;
         }
         self.sent.fetch_add(1, Ordering::Release);
-        if waiting + 1 == GATHER as u64
+        if waiting + 1 >= GATHER as u64
             && let Some(writer) = &self.writer
         {
-            // A batch worth committing now (a wake-up for a writer already
-            // awake makes its next gathering end early: harmless).
+            // A batch worth committing now. At or past it, not exactly at
+            // it: two senders on two threads may read the same count, and
+            // the one row that makes GATHER would then wake nobody. (An
+            // unpark of a thread not parked is an atomic store; a writer
+            // already awake ends its next gathering early: harmless.)
             writer.unpark();
         }
     }
@@ -727,21 +730,22 @@ mod tests {
         assert_eq!(newest_key(&path), hi, "ids made after a restart sort after this row");
     }
 
-    /// A journal at `path` whose batches gather for a minute, its writer
-    /// started. (The writer's start — thread, file, schema — is not what
-    /// the tests pin: a loaded machine may take a while for it.)
-    fn gathering_a_minute(path: &Path) -> Journal {
+    /// A journal in a new directory whose batches gather for a minute, its
+    /// writer started, with its file's path. (The writer's start — thread,
+    /// file, schema — is not what the tests pin: a loaded machine may take
+    /// a while for it.)
+    fn gathering_a_minute() -> (tempfile::TempDir, PathBuf, Journal) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
         let retention = Retention { max_age: Duration::from_secs(3600), max_rows: 100_000 };
-        let journal = Journal::gathering(path, retention, Duration::from_secs(60));
+        let journal = Journal::gathering(&path, retention, Duration::from_secs(60));
         assert!(journal.flush(Duration::from_secs(20)), "the writer never started");
-        journal
+        (dir, path, journal)
     }
 
     #[test]
     fn a_full_batch_is_committed_without_waiting_out_the_gathering() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.db");
-        let journal = gathering_a_minute(&path);
+        let (_dir, path, journal) = gathering_a_minute();
         let now = jiff::Timestamp::now().as_millisecond();
         // One row, then a pause: the writer holds it and sleeps (for the
         // gathering's minute, unless woken).
@@ -763,12 +767,10 @@ mod tests {
 
     #[test]
     fn a_flush_never_waits_out_the_quiet_gathering() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.db");
         // A gathering of a minute: a flush that waited it out would take a
         // minute; a hurried commit takes one commit, which a busy disk has
         // stretched past 900 ms on CI's machine. The bound sits far from both.
-        let journal = gathering_a_minute(&path);
+        let (_dir, path, journal) = gathering_a_minute();
         let now = jiff::Timestamp::now().as_millisecond();
         for round in 0..10 {
             // Two rows handed over back to back and a flush at once: the

@@ -282,7 +282,7 @@ impl Drop for Permit {
                         me.set_shared_limit(limit);
                     }
                     if let Some(local) = local {
-                        me.release(local, None, Duration::ZERO);
+                        me.give_back(local, false);
                     }
                 }
             });
