@@ -17,6 +17,7 @@
 //! reach the upstream exactly as the client sent them.
 
 pub mod anthropic;
+pub mod bounds;
 pub mod events;
 pub mod gemini;
 pub mod head;

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
+use crate::protocol::bounds;
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{Arr, Obj, put_str, put_u64};
 use crate::protocol::openai_chat::turn::{Refusal, push};
@@ -248,15 +249,23 @@ impl std::fmt::Display for At {
     }
 }
 
-fn blocks(content: ContentIn<'_>, at: At, req: &mut Request) -> Result<Vec<Part>, Refusal> {
+/// A `content` as parts; `depth`: how deep in the body its array is
+/// (its blocks were kept as raw bytes, which serde_json does not count,
+/// so a `tool_result`'s own content counts here).
+fn blocks(content: ContentIn<'_>, at: At, depth: usize, req: &mut Request) -> Result<Vec<Part>, Refusal> {
     let items = match content {
         ContentIn::Text(text) => return Ok(vec![Part::Text(text.into_owned())]),
         ContentIn::Null => return Ok(Vec::new()),
         ContentIn::Blocks(items) => items,
     };
+    // Each block is an object in the array, its content an array in it.
+    if depth + 2 > bounds::MAX_DEPTH {
+        return Err(bounds::too_deep(at));
+    }
     let mut parts = Vec::with_capacity(items.len());
     for (j, item) in items.into_iter().enumerate() {
-        let b: BlockIn<'_> = serde_json::from_str(item.get()).map_err(|e| format!("{at}.content[{j}]: {e}"))?;
+        let b: BlockIn<'_> =
+            serde_json::from_str(item.get()).map_err(|e| bounds::json_error(&format!("{at}.content[{j}]"), &e))?;
         if b.cache_control.is_some() {
             req.drop_note("cache_control");
         }
@@ -295,7 +304,7 @@ fn blocks(content: ContentIn<'_>, at: At, req: &mut Request) -> Result<Vec<Part>
             })),
             Some("tool_result") => {
                 let content = match b.content {
-                    Some(c) => blocks(c, at.block(j), req)?,
+                    Some(c) => blocks(c, at.block(j), depth + 2, req)?,
                     None => Vec::new(),
                 };
                 parts.push(Part::ToolResult {
@@ -330,10 +339,11 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
     // UTF-8 checked once for the whole body (a fast pass), not string by
     // string as the parser reads them.
     let body = std::str::from_utf8(body).map_err(|e| format!("request body: {e}"))?;
-    let v: RequestIn<'_> = serde_json::from_str(body).map_err(|e| format!("request body: {e}"))?;
+    let v: RequestIn<'_> = serde_json::from_str(body).map_err(|e| bounds::json_error("request body", &e))?;
     let mut req = Request { stream: v.stream.unwrap_or(false), ..Request::default() };
     if let Some(system) = v.system {
-        for part in blocks(system, At::System, &mut req)? {
+        // The body's object, then the system's array.
+        for part in blocks(system, At::System, 2, &mut req)? {
             if let Part::Text(text) = part {
                 req.system.push(text);
             }
@@ -348,7 +358,8 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
             "system" => Role::System,
             other => return Err(format!("{at}.role: {other:?} is not user, assistant or system")),
         };
-        let parts = blocks(m.content, at, &mut req)?;
+        // The body, messages, the message, its content.
+        let parts = blocks(m.content, at, 4, &mut req)?;
         push(&mut req.messages, role, parts);
     }
     let mut builtin = Vec::new();
@@ -360,7 +371,8 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
             (None | Some("custom"), Some(schema)) => req.tools.push(Tool {
                 name: t.name.ok_or_else(|| format!("tools[{i}].name: missing"))?.into_owned(),
                 description: t.description.map(Cow::into_owned),
-                parameters: serde_json::from_str(schema.get()).map_err(|e| format!("tools[{i}].input_schema: {e}"))?,
+                parameters: serde_json::from_str(schema.get())
+                    .map_err(|e| bounds::json_error(&format!("tools[{i}].input_schema"), &e))?,
                 custom: false,
             }),
             (kind, _) => {

@@ -147,7 +147,7 @@ impl Ids {
 
 /// Reads a `generateContent` request (`stream`: the method asked for one).
 pub fn read_request(body: &[u8], stream: bool) -> Result<Request, Refusal> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+    let v: Value = serde_json::from_slice(body).map_err(|e| crate::protocol::bounds::json_error("request body", &e))?;
     let mut req = Request { stream, ..Request::default() };
     let mut ids = Ids::default();
     if let Some(system) = v.get("systemInstruction").or_else(|| v.get("system_instruction")) {

@@ -1,0 +1,115 @@
+//! One request must never crash, stall or bloat the gateway: JSON nested
+//! past tidegate's depth limit is refused with a 400 naming it (the
+//! gateway, a real process, stays up); client-chosen type names cost
+//! linear work and a bounded header; kept conversations stay within their
+//! bound in RSS; a broken event in a translated stream is a broken stream;
+//! a tool call's arguments are bounded; a provider's message never carries
+//! a configured secret out.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+use tidegate_simulate::{Behavior, SimConfig, Simulator};
+
+/// A chat-completions-only provider (so Anthropic, Responses and Gemini
+/// clients reach it translated).
+fn chat_only(models: &[(&str, Behavior)]) -> Simulator {
+    let config = SimConfig {
+        models: models.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<HashMap<_, _>>(),
+        record: true,
+        chat_only: true,
+        ..Default::default()
+    };
+    Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
+}
+
+/// An Anthropic request whose one message holds `levels` `tool_result`
+/// blocks, each the content of the one before.
+fn nested_tool_results(levels: usize) -> String {
+    let mut block = json!({"type": "text", "text": "hi"}).to_string();
+    for i in 0..levels {
+        block = format!(r#"{{"type":"tool_result","tool_use_id":"t{i}","content":[{block}]}}"#);
+    }
+    format!(r#"{{"model":"m","max_tokens":16,"messages":[{{"role":"user","content":[{block}]}}]}}"#)
+}
+
+async fn started(gw: &Process) {
+    for _ in 0..300 {
+        if let Ok(r) = client().get(format!("{}/healthz", gw.base())).send().await
+            && r.status() == 200
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("tidegate did not start");
+}
+
+/// The crash that took every request in flight down with it: 2,048 levels
+/// of `tool_result` read recursively overflowed a runtime thread's stack
+/// and aborted the process. Now: a 400 in the client's shape naming the
+/// limit, on messages and on count_tokens (no upstream involved), and the
+/// same process serves the next request.
+#[tokio::test]
+async fn json_nested_past_the_limit_is_refused_and_the_process_stays_up() {
+    let sim = chat_only(&[]);
+    let mut gw = Process::spawn(|addr, _| {
+        format!(
+            "listen: {addr}\njournal: \"off\"\nupstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\nmodels:\n  m:\n    targets: [{{ upstream: chat, model: glm }}]\n",
+            sim.openai_url()
+        )
+    });
+    started(&gw).await;
+    let deep = nested_tool_results(2048);
+    assert!(deep.len() > 100 * 1024, "{}", deep.len());
+    for path in ["/v1/messages", "/v1/messages/count_tokens"] {
+        let resp = client().post(format!("{}{path}", gw.base())).body(deep.clone()).send().await;
+        let resp = resp.unwrap_or_else(|e| panic!("{path}: the gateway did not answer ({e})"));
+        assert_eq!(resp.status(), 400, "{path}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["type"], "error", "{path}: Anthropic's error shape: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("nested deeper than 128 levels"), "{path}: {message}");
+        assert!(gw.child.try_wait().unwrap().is_none(), "{path}: the gateway process died");
+    }
+    // Within the limit, the same shape is translated as before.
+    let shallow = nested_tool_results(20);
+    let resp = client().post(format!("{}/v1/messages", gw.base())).body(shallow).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    // And so is an ordinary request, on the same process.
+    let body = r#"{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = client().post(format!("{}/v1/messages", gw.base())).body(body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(gw.child.try_wait().unwrap().is_none());
+}
+
+/// Every client protocol's reader meets the same limit: a chat, Responses
+/// and Gemini body nested past it is a 400 naming it.
+#[tokio::test]
+async fn every_client_protocol_refuses_json_nested_past_the_limit() {
+    let sim = chat_only(&[]);
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - {{ name: anth, protocol: anthropic, base_url: \"{}\", api_key: k }}\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\nmodels:\n  on-anthropic:\n    targets: [{{ upstream: anth, model: claude }}]\n  on-chat:\n    targets: [{{ upstream: chat, model: glm }}]\n",
+        sim.anthropic_url(),
+        sim.openai_url()
+    );
+    let gw = gateway(&yaml).await;
+    let deep = |levels: usize| "[".repeat(levels) + &"]".repeat(levels);
+    let cases = [
+        ("/v1/chat/completions", format!(r#"{{"model":"on-anthropic","messages":[{{"role":"user","content":"hi"}}],"tools":{}}}"#, deep(300))),
+        ("/v1/responses", format!(r#"{{"model":"on-chat","input":{}}}"#, deep(300))),
+        ("/v1beta/models/on-chat:generateContent", format!(r#"{{"contents":{}}}"#, deep(300))),
+    ];
+    for (path, body) in cases {
+        let resp = post(&gw, path, &body).await;
+        assert_eq!(resp.status(), 400, "{path}");
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("nested deeper than 128 levels"), "{path}: {text}");
+    }
+    assert_eq!(sim.state.received().len(), 0, "nothing deeper than the limit went upstream");
+}
