@@ -113,3 +113,53 @@ async fn every_client_protocol_refuses_json_nested_past_the_limit() {
     }
     assert_eq!(sim.state.received().len(), 0, "nothing deeper than the limit went upstream");
 }
+
+/// A Responses request with `n` items of distinct unknown types (each is
+/// dropped and declared): the time tidegate takes to answer it.
+async fn time_unknown_items(gw: &tidegate::server::Running, n: usize) -> (Duration, String) {
+    let items: Vec<Value> = (0..n).map(|i| json!({"type": format!("made_up_type_{i:06}")})).collect();
+    let mut input = items;
+    input.push(json!({"role": "user", "content": "hi"}));
+    let body = json!({"model": "on-chat", "store": false, "input": input}).to_string();
+    let started = std::time::Instant::now();
+    let resp = post(gw, "/v1/responses", &body).await;
+    let took = started.elapsed();
+    assert_eq!(resp.status(), 200);
+    let dropped = resp.headers().get("x-tidegate-dropped").unwrap().to_str().unwrap().to_owned();
+    (took, dropped)
+}
+
+/// Declared drops were searched note by note, so n distinct client-chosen
+/// type names cost n² comparisons (80k of them: 10 s, and another
+/// client's small request waited behind it), and the header declaring
+/// them grew to 1.1 MiB. Now the work grows linearly (measured as a ratio
+/// of medians, 4x the items: linear is 4x, quadratic 16x) and the header
+/// stays small, summarising what it cannot list.
+#[tokio::test]
+async fn client_chosen_type_names_cost_linear_work_and_a_bounded_header() {
+    let sim = chat_only(&[]);
+    let yaml = format!(
+        "listen: 127.0.0.1:0\njournal: \"off\"\nupstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\nmodels:\n  on-chat:\n    targets: [{{ upstream: chat, model: glm }}]\n",
+        sim.openai_url()
+    );
+    let gw = gateway(&yaml).await;
+    time_unknown_items(&gw, 100).await;
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (mut small, mut large) = (Vec::new(), Vec::new());
+    let mut header = String::new();
+    for _ in 0..3 {
+        small.push(time_unknown_items(&gw, 5_000).await.0);
+        let (took, dropped) = time_unknown_items(&gw, 20_000).await;
+        large.push(took);
+        header = dropped;
+    }
+    let (small, large) = (median(small), median(large));
+    let ratio = large.as_secs_f64() / small.as_secs_f64();
+    assert!(ratio < 8.0, "4x the items took {ratio:.1}x the time ({small:?} -> {large:?}): not linear");
+    assert!(header.len() <= 4096, "the dropped header is {} bytes", header.len());
+    assert!(header.starts_with("made_up_type_000000 item, "), "{header}");
+    assert!(header.ends_with(", and 19968 more of other kinds"), "{header}");
+}

@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 
-use super::Protocol;
+use super::{Protocol, bounds};
 
 /// Adds instructions: to [`Request::system`] before the conversation
 /// starts, else as a system message in place.
@@ -53,27 +53,39 @@ pub struct Request {
     /// An end-user id for the provider's abuse checks.
     pub user: Option<String>,
     /// What reading or writing left out, each once with a count, for the
-    /// response header and the journal.
+    /// response header and the journal: at most
+    /// [`bounds::MAX_DROPPED_KINDS`] kinds, each name cut to
+    /// [`bounds::MAX_DROPPED_NAME`] (a client picks the type names).
     pub dropped: Vec<(String, u32)>,
+    /// How many further things were left out, of kinds past those.
+    pub dropped_more: u64,
 }
 
 impl Request {
-    /// Declares something left out (counted per kind).
-    pub fn drop_note(&mut self, what: impl Into<String>) {
-        let what = what.into();
-        match self.dropped.iter_mut().find(|(w, _)| *w == what) {
-            Some((_, n)) => *n += 1,
-            None => self.dropped.push((what, 1)),
+    /// Declares something left out (counted per kind). Constant work a
+    /// note: the kinds searched are at most [`bounds::MAX_DROPPED_KINDS`].
+    pub fn drop_note(&mut self, what: impl AsRef<str>) {
+        let what = bounds::short_name(what.as_ref());
+        match self.dropped.iter().position(|(w, _)| *w == what) {
+            Some(i) => self.dropped[i].1 = self.dropped[i].1.saturating_add(1),
+            None if self.dropped.len() < bounds::MAX_DROPPED_KINDS => self.dropped.push((what.to_owned(), 1)),
+            None => self.dropped_more = self.dropped_more.saturating_add(1),
         }
     }
 
-    /// The drops in one line: `thinking signature x2, tool web_search`.
+    /// The drops in one line: `thinking signature x2, tool web_search`,
+    /// then `and 79968 more` past the kinds declared one by one (so the
+    /// line stays under ~3 KiB, whatever the client sent).
     pub fn dropped_line(&self) -> Option<String> {
         if self.dropped.is_empty() {
             return None;
         }
         let each = self.dropped.iter().map(|(w, n)| if *n > 1 { format!("{w} x{n}") } else { w.clone() });
-        Some(each.collect::<Vec<_>>().join(", "))
+        let mut line = each.collect::<Vec<_>>().join(", ");
+        if self.dropped_more > 0 {
+            line.push_str(&format!(", and {} more of other kinds", self.dropped_more));
+        }
+        Some(line)
     }
 
     /// Bytes of text the request carries (system, messages, tool calls and
