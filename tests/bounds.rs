@@ -101,7 +101,13 @@ async fn every_client_protocol_refuses_json_nested_past_the_limit() {
     let gw = gateway(&yaml).await;
     let deep = |levels: usize| "[".repeat(levels) + &"]".repeat(levels);
     let cases = [
-        ("/v1/chat/completions", format!(r#"{{"model":"on-anthropic","messages":[{{"role":"user","content":"hi"}}],"tools":{}}}"#, deep(300))),
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model":"on-anthropic","messages":[{{"role":"user","content":"hi"}}],"tools":{}}}"#,
+                deep(300)
+            ),
+        ),
         ("/v1/responses", format!(r#"{{"model":"on-chat","input":{}}}"#, deep(300))),
         ("/v1beta/models/on-chat:generateContent", format!(r#"{{"contents":{}}}"#, deep(300))),
     ];
@@ -162,4 +168,93 @@ async fn client_chosen_type_names_cost_linear_work_and_a_bounded_header() {
     assert!(header.len() <= 4096, "the dropped header is {} bytes", header.len());
     assert!(header.starts_with("made_up_type_000000 item, "), "{header}");
     assert!(header.ends_with(", and 19968 more of other kinds"), "{header}");
+}
+
+/// A chat stream with one event that is not JSON between two text deltas.
+fn garbage_between_deltas() -> Behavior {
+    let chunk = |text: &str| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "c1", "object": "chat.completion.chunk", "model": "glm", "choices": [{"index": 0, "delta": {"content": text}}]})
+        )
+    };
+    let done = "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"glm\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+    let body = format!("{}data: <html>bad gateway</html>\n\n{}{done}", chunk("Hello"), chunk(" world"));
+    let fault = tidegate_simulate::Fault {
+        content_type: "text/event-stream".into(),
+        ..tidegate_simulate::Fault::new(200, &body)
+    };
+    Behavior { script: vec![fault.clone(), fault], ..Default::default() }
+}
+
+/// The journal's rows, newest first, once `n` are there.
+async fn rows(gw: &tidegate::server::Running, n: usize) -> Vec<Value> {
+    for _ in 0..200 {
+        let v = admin_json(gw, "/admin/requests").await;
+        if let Some(rows) = v["requests"].as_array().filter(|r| r.len() >= n) {
+            return rows.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the journal did not get {n} rows");
+}
+
+/// An event a translated stream cannot read was dropped silently: the
+/// client got "Hello world" with a hole and the journal said `completed`.
+/// Now it is a break: the text before it, the client's own error event,
+/// nothing after; journaled `incomplete` with that text kept.
+#[tokio::test]
+async fn an_unreadable_event_breaks_a_translated_stream() {
+    let sim = chat_only(&[("garbage", garbage_between_deltas())]);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin_key: adm\njournal: {}\nupstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\nmodels:\n  m:\n    targets: [{{ upstream: chat, model: garbage }}]\n",
+        dir.path().join("j.db").display(),
+        sim.openai_url()
+    );
+    let gw = gateway(&yaml).await;
+    let anthropic = r#"{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let text = post(&gw, "/v1/messages", anthropic).await.text().await.unwrap();
+    assert!(text.contains(r#""text":"Hello""#), "{text}");
+    assert!(!text.contains("world"), "nothing after the broken event: {text}");
+    assert!(text.contains("event: error"), "Anthropic's error event: {text}");
+    assert!(text.contains("not JSON"), "{text}");
+    assert!(!text.contains("message_stop"), "not told as finished: {text}");
+    let responses = r#"{"model":"m","stream":true,"store":false,"input":"hi"}"#;
+    let text = post(&gw, "/v1/responses", responses).await.text().await.unwrap();
+    assert!(text.contains(r#""delta":"Hello""#), "{text}");
+    assert!(!text.contains("world"), "{text}");
+    assert!(text.contains("response.failed"), "the Responses error event: {text}");
+    assert!(!text.contains("response.completed"), "{text}");
+    for row in rows(&gw, 2).await {
+        assert_eq!(row["outcome"], "incomplete", "{row}");
+        assert_eq!(row["partial"], "Hello", "{row}");
+    }
+    // A client of the target's own protocol gets the bytes as they came.
+    let chat = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let sim2 = chat_only(&[("garbage", garbage_between_deltas())]);
+    let yaml2 = yaml.replace(&sim.openai_url(), &sim2.openai_url()).replace("j.db", "j2.db");
+    let gw2 = gateway(&yaml2).await;
+    let text = post(&gw2, "/v1/chat/completions", chat).await.text().await.unwrap();
+    assert!(text.contains("<html>bad gateway</html>") && text.contains("world"), "{text}");
+}
+
+/// Before any content reached the client, an unreadable event is a broken
+/// attempt like any other: retried, and the client sees only the retry.
+#[tokio::test]
+async fn an_unreadable_first_event_of_a_translated_stream_is_retried() {
+    let garbage = tidegate_simulate::Fault {
+        content_type: "text/event-stream".into(),
+        ..tidegate_simulate::Fault::new(200, "data: upstream hiccup\n\n")
+    };
+    let sim = chat_only(&[("flaky", Behavior { script: vec![garbage], ..Default::default() })]);
+    let yaml = format!(
+        "listen: 127.0.0.1:0\njournal: \"off\"\ndefaults:\n  retry: {{ base_delay: 10ms, max_delay: 50ms }}\nupstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\nmodels:\n  m:\n    targets: [{{ upstream: chat, model: flaky }}]\n",
+        sim.openai_url()
+    );
+    let gw = gateway(&yaml).await;
+    let anthropic = r#"{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let text = post(&gw, "/v1/messages", anthropic).await.text().await.unwrap();
+    assert!(text.contains("message_stop") && !text.contains("hiccup"), "{text}");
+    assert_eq!(sim.state.received().len(), 2, "one broken attempt, one retry");
 }

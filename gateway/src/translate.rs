@@ -77,7 +77,8 @@ pub fn request_keeping(
     let mut include_usage = false;
     let mut req = match client {
         Protocol::OpenAiChat => {
-            let v = serde_json::from_slice::<Value>(body).map_err(|e| crate::protocol::bounds::json_error("request body", &e))?;
+            let v = serde_json::from_slice::<Value>(body)
+                .map_err(|e| crate::protocol::bounds::json_error("request body", &e))?;
             include_usage = v["stream_options"]["include_usage"].as_bool() == Some(true);
             openai_chat::turn::read_request(&v)?
         }
@@ -118,7 +119,8 @@ fn responses_request(
     body: &[u8],
     kept: Option<&crate::kept::Store>,
 ) -> Result<(crate::protocol::turn::Request, Option<crate::kept::Keep>), String> {
-    let mut v: Value = serde_json::from_slice(body).map_err(|e| crate::protocol::bounds::json_error("request body", &e))?;
+    let mut v: Value =
+        serde_json::from_slice(body).map_err(|e| crate::protocol::bounds::json_error("request body", &e))?;
     let mut input = Vec::new();
     let mut continued = None;
     if let Some(previous) = v.get("previous_response_id").and_then(Value::as_str) {
@@ -159,7 +161,8 @@ pub fn estimate_tokens(protocol: Protocol, body: &[u8]) -> Result<u64, String> {
     let req = match protocol {
         // `countTokens` takes contents, or a whole `generateContentRequest`.
         Protocol::Gemini => {
-            let v: Value = serde_json::from_slice(body).map_err(|e| crate::protocol::bounds::json_error("request body", &e))?;
+            let v: Value =
+                serde_json::from_slice(body).map_err(|e| crate::protocol::bounds::json_error("request body", &e))?;
             match v.get("generateContentRequest") {
                 Some(inner) => gemini::turn::read_request(inner.to_string().as_bytes(), false)?,
                 None => gemini::turn::read_request(body, false)?,
@@ -206,7 +209,8 @@ pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, String> {
     let reply = match back.target {
         Protocol::OpenAiChat => openai_chat::turn::read_answer(body),
         Protocol::Anthropic => {
-            let v: Value = serde_json::from_slice(body).map_err(|e| crate::protocol::bounds::json_error("the answer is not JSON", &e))?;
+            let v: Value = serde_json::from_slice(body)
+                .map_err(|e| crate::protocol::bounds::json_error("the answer is not JSON", &e))?;
             anthropic::turn::read_answer(&v)
         }
         Protocol::Gemini => gemini::turn::read_answer(body),

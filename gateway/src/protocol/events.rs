@@ -23,12 +23,26 @@ pub enum Kind {
     BlockStart,
     /// Anything that carries or continues the answer.
     Content,
+    /// Data that is not a JSON object (nor the protocol's own sentinel,
+    /// `[DONE]`): passed on as it came when the client speaks the
+    /// target's protocol (it reads it as it will), but a translated stream
+    /// cannot say it, so there it is a break (see [`unreadable`]).
+    Unreadable,
     /// An error (OpenAI `{"error":...}`, Anthropic `event: error`,
     /// Responses `response.failed` / `error`).
     Error,
     /// The protocol's terminal event (`[DONE]`, `message_stop`,
     /// `response.completed`): after it the stream is complete.
     Done,
+}
+
+/// Whether an event's `data` is no JSON object at all: what a protocol's
+/// `inspect` says of data its typed read gave up on (the rare path, so
+/// the second look costs nothing on the usual one). Empty data is a
+/// keep-alive some providers send, not a broken event.
+pub fn unreadable(data: &str) -> bool {
+    let trimmed = data.trim();
+    !trimmed.is_empty() && !(trimmed.starts_with('{') && serde_json::from_str::<serde::de::IgnoredAny>(trimmed).is_ok())
 }
 
 /// What the stream has said so far.

@@ -791,8 +791,14 @@ async fn attempt(
             Box::new(RelayBody::read(bytes, json, protocol, name, read.id)),
         ));
     }
-    match handshake::handshake(incoming, protocol, idle, job.deadline, job.gw.config.max_stream_event).await {
+    match handshake::handshake(incoming, protocol, idle, job.deadline, job.gw.config.max_stream_event, back.is_some())
+        .await
+    {
         Handshake::Open { inner, scanner, ready } => {
+            // What the client gets is not always the upstream's bytes (an
+            // error event of tidegate's after a break, a translation), so
+            // an upstream's length is never passed on: the stream is chunked.
+            parts.headers.remove(header::CONTENT_LENGTH);
             let mut body = RelayBody::sse(inner, idle, scanner, ready, protocol, name);
             body.close_with(&job.gw.closing);
             if let Some(back) = &back {

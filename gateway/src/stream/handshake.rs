@@ -46,13 +46,16 @@ pub enum Handshake {
 
 /// Reads `inner` up to its first meaningful event; `idle` bounds each gap,
 /// `deadline` the whole handshake (comments and pings do not extend it),
-/// `max_event` the bytes of one unfinished event.
+/// `max_event` the bytes of one unfinished event. `translated`: the
+/// client speaks another protocol, so an event that is not JSON is a
+/// broken stream (retried like one), not content.
 pub async fn handshake(
     mut inner: UpstreamBody,
     protocol: Protocol,
     idle: Duration,
     deadline: Instant,
     max_event: usize,
+    translated: bool,
 ) -> Handshake {
     let mut scanner = Scanner::with_limit(protocol, PARTIAL_CAP, max_event);
     loop {
@@ -72,7 +75,12 @@ pub async fn handshake(
         while let Some((kind, end)) = scanner.next_event() {
             match kind {
                 Kind::KeepAlive | Kind::Start => {}
-                Kind::Content | Kind::BlockStart => return Handshake::Open { inner, scanner, ready: end },
+                Kind::Unreadable if translated => {
+                    return Handshake::Broken("the upstream sent an event that is not JSON before any content".into());
+                }
+                Kind::Content | Kind::BlockStart | Kind::Unreadable => {
+                    return Handshake::Open { inner, scanner, ready: end };
+                }
                 Kind::Error => return Handshake::Rejected(scanner.seen.error.take().unwrap_or_default()),
                 Kind::Done => return Handshake::Empty,
             }

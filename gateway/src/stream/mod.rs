@@ -40,6 +40,9 @@ use crate::protocol::{ErrorKind, Protocol};
 use crate::record::{AttemptLog, Outcome, Usage, Verdict};
 use sse::Scanner;
 
+/// Most bytes of an unreadable event quoted in the report of the break.
+const UNREADABLE_EXCERPT: usize = 120;
+
 /// Most text kept for a report of a broken stream.
 pub const PARTIAL_CAP: usize = 64 * 1024;
 
@@ -465,11 +468,18 @@ impl RelayBody {
     }
 
     /// Scans buffered SSE bytes: returns a frame of complete events to send,
-    /// stopping after an upstream error event.
+    /// stopping after an upstream error event, or before an event a
+    /// translated stream cannot read (the break is then `last`).
     fn drain_events(&mut self) -> Option<Bytes> {
+        let translated = self.translator.is_some();
         let sse = self.sse.as_mut()?;
         let mut error = false;
+        let mut unreadable = None;
         while let Some((kind, end)) = sse.next_event() {
+            if kind == Kind::Unreadable && translated {
+                unreadable = Some(end - self.ready);
+                break;
+            }
             self.ready = end;
             match kind {
                 Kind::Error => {
@@ -491,7 +501,7 @@ impl RelayBody {
                     sse.take(end);
                     self.ready = 0;
                 }
-                Kind::Content => self.continuing = None,
+                Kind::Content | Kind::Unreadable => self.continuing = None,
                 Kind::KeepAlive | Kind::Start | Kind::BlockStart => {}
             }
         }
@@ -502,18 +512,29 @@ impl RelayBody {
             let detail = sse.seen.error.as_deref().map(|e| String::from_utf8_lossy(e).into_owned()).unwrap_or_default();
             self.outcome = Some((Outcome::Incomplete, Some(format!("upstream error event mid-stream: {detail}"))));
         }
-        if self.ready == 0 {
-            return None;
-        }
-        let out = sse.take(self.ready);
+        let out = (self.ready > 0).then(|| sse.take(self.ready));
         self.ready = 0;
         if error {
             sse.discard();
         }
-        match self.translator.as_mut() {
-            Some(t) => Some(t.events(&out)).filter(|b| !b.is_empty()),
-            None => Some(out),
+        let bad = unreadable.map(|len| {
+            let bad = sse.take(len);
+            sse.discard();
+            bad
+        });
+        let out = match (out, self.translator.as_mut()) {
+            (Some(out), Some(t)) => Some(t.events(&out)).filter(|b| !b.is_empty()),
+            (out, _) => out,
+        };
+        if let Some(bad) = bad {
+            // What came before it is sent (translated first: the error
+            // event ends the client's stream), then the client's error
+            // event; the journal keeps the text up to it.
+            let excerpt = String::from_utf8_lossy(&bad[..bad.len().min(UNREADABLE_EXCERPT)]).trim().to_owned();
+            self.resumes = 0;
+            self.last = self.break_stream(format!("the upstream sent an event that is not JSON ({excerpt:?})"));
         }
+        out
     }
 }
 

@@ -166,7 +166,8 @@ fn inspect(seen: &mut Seen, shape: Option<&mut Shape>, protocol: Protocol, text_
 /// Notes an event's kind in `seen` (`data`: an error event's).
 fn count(seen: &mut Seen, kind: Kind, data: &[u8]) {
     match kind {
-        Kind::Content => {
+        // Passed on as content where it is passed on at all.
+        Kind::Content | Kind::Unreadable => {
             seen.content = true;
             seen.events += 1;
         }

@@ -13,7 +13,7 @@ use serde::de::IgnoredAny;
 use serde_json::json;
 
 use super::ErrorKind;
-use super::events::{Hole, HoleKind, Kind, Seen, Text, TextSink, sse_event};
+use super::events::{Hole, HoleKind, Kind, Seen, Text, TextSink, sse_event, unreadable};
 use super::walk::{Walk, once};
 
 /// `{"type":"error","error":{"type","message"}}`, the shape the Anthropic
@@ -56,14 +56,18 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
     let whole = walked.is_some();
     let event = walked.or_else(|| serde_json::from_str::<Event<'_>>(data).ok());
     let kind = name.map(Cow::Borrowed).or_else(|| event.as_ref().map(|e| e.kind.clone()));
-    let Some(kind) = kind else { return Kind::Content };
+    let Some(kind) = kind else {
+        return if unreadable(data) { Kind::Unreadable } else { Kind::Content };
+    };
     match kind.as_ref() {
         "ping" => return Kind::KeepAlive,
         "error" => return Kind::Error,
         "message_stop" => return Kind::Done,
         _ => {}
     }
-    let Some(event) = event else { return Kind::Content };
+    let Some(event) = event else {
+        return if unreadable(data) { Kind::Unreadable } else { Kind::Content };
+    };
     if let Some(u) = event.message.as_ref().and_then(|m| m.usage.as_ref()).or(event.usage.as_ref()) {
         seen.usage.input = u.input_tokens.or(seen.usage.input);
         seen.usage.output = u.output_tokens.or(seen.usage.output);

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::{Value, json};
 
-use super::events::{Kind, Seen, Text, TextSink, sse_event};
+use super::events::{Kind, Seen, Text, TextSink, sse_event, unreadable};
 use super::{Endpoint, ErrorKind, PeekError, RequestHead};
 
 /// The `@type` of a detail saying when to retry.
@@ -250,7 +250,9 @@ pub(crate) struct UsageIn {
 /// answer; one of the [failed](failed_finish) kinds before any content is
 /// an error); a chunk with neither opens the answer only.
 pub fn inspect(_name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize) -> Kind {
-    let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else { return Kind::Content };
+    let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
+        return if unreadable(data) { Kind::Unreadable } else { Kind::Content };
+    };
     if chunk.error.is_some() {
         return Kind::Error;
     }

@@ -14,7 +14,7 @@ use serde::de::IgnoredAny;
 use serde_json::json;
 
 use super::ErrorKind;
-use super::events::{Hole, HoleKind, Kind, Seen, Text, TextSink, sse_event};
+use super::events::{Hole, HoleKind, Kind, Seen, Text, TextSink, sse_event, unreadable};
 use super::walk::{Walk, once};
 
 /// `{"error":{"message","type","param","code"}}`, the shape the OpenAI
@@ -63,7 +63,7 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
     let walked = read_chunk(data, Some(seen.holes.start()));
     let whole = walked.is_some();
     let Some(chunk) = walked.or_else(|| serde_json::from_str::<Chunk<'_>>(data).ok()) else {
-        return Kind::Content;
+        return if unreadable(data) { Kind::Unreadable } else { Kind::Content };
     };
     if chunk.error.is_some() || (chunk.choices.count == 0 && chunk.usage.is_none() && is_vendor_error(data)) {
         return Kind::Error;

@@ -24,7 +24,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::ErrorKind;
-use super::events::{Hole, HoleKind, Kind, Seen, Text, TextSink, sse_event};
+use super::events::{Hole, HoleKind, Kind, Seen, Text, TextSink, sse_event, unreadable};
 use super::openai_chat;
 use super::walk::{Walk, once};
 
@@ -76,9 +76,15 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
     let whole = walked.is_some();
     let event = walked.or_else(|| serde_json::from_str::<Event<'_>>(data).ok());
     let kind = event.as_ref().map(|e| e.kind.clone()).or_else(|| name.map(Cow::Borrowed));
-    let Some(kind) = kind else { return Kind::Content };
+    let Some(kind) = kind else {
+        return if unreadable(data) { Kind::Unreadable } else { Kind::Content };
+    };
     let Some(event) = event else {
-        return if kind == "error" { Kind::Error } else { Kind::Content };
+        return match kind.as_ref() {
+            "error" => Kind::Error,
+            _ if unreadable(data) => Kind::Unreadable,
+            _ => Kind::Content,
+        };
     };
     match kind.as_ref() {
         "response.created" | "response.in_progress" | "response.queued" => {
