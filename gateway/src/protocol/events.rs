@@ -42,7 +42,8 @@ pub enum Kind {
 /// keep-alive some providers send, not a broken event.
 pub fn unreadable(data: &str) -> bool {
     let trimmed = data.trim();
-    !trimmed.is_empty() && !(trimmed.starts_with('{') && serde_json::from_str::<serde::de::IgnoredAny>(trimmed).is_ok())
+    let object = trimmed.starts_with('{') && serde_json::from_str::<serde::de::IgnoredAny>(trimmed).is_ok();
+    !(trimmed.is_empty() || object)
 }
 
 /// What the stream has said so far.
