@@ -127,7 +127,7 @@ async fn time_unknown_items(gw: &tidegate::server::Running, n: usize) -> (Durati
     let mut input = items;
     input.push(json!({"role": "user", "content": "hi"}));
     let body = json!({"model": "on-chat", "store": false, "input": input}).to_string();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let resp = post(gw, "/v1/responses", &body).await;
     let took = started.elapsed();
     assert_eq!(resp.status(), 200);
