@@ -258,3 +258,84 @@ async fn an_unreadable_first_event_of_a_translated_stream_is_retried() {
     assert!(text.contains("message_stop") && !text.contains("hiccup"), "{text}");
     assert_eq!(sim.state.received().len(), 2, "one broken attempt, one retry");
 }
+
+/// A chat provider on loopback whose one answer is a stream calling one
+/// tool with `pieces` argument deltas of 256 KiB each (made as they are
+/// sent); it counts the pieces it got out before the reader went away.
+async fn huge_tool_call(pieces: usize) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let sent = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = sent.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let counter = counter.clone();
+            async move {
+                let chunk = |delta: Value, finish: Value| {
+                    let v = json!({"id": "c1", "object": "chat.completion.chunk", "model": "glm",
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+                    bytes::Bytes::from(format!("data: {v}\n\n"))
+                };
+                let open = chunk(
+                    json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                        "function": {"name": "write", "arguments": "{\"text\":\""}}]}),
+                    Value::Null,
+                );
+                let piece = chunk(
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": "a".repeat(256 * 1024)}}]}),
+                    Value::Null,
+                );
+                let end =
+                    chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"}"}}]}), json!("tool_calls"));
+                let events = std::iter::once(open)
+                    .chain((0..pieces).map(move |_| {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        piece.clone()
+                    }))
+                    .chain([end, bytes::Bytes::from_static(b"data: [DONE]\n\n")]);
+                let body = axum::body::Body::from_stream(futures_util::stream::iter(
+                    events.map(Ok::<_, std::convert::Infallible>),
+                ));
+                ([("content-type", "text/event-stream")], body)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/v1"), sent)
+}
+
+/// Peak resident memory of a process, in MiB (`VmHWM`).
+fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() / 1024.0
+}
+
+/// A tool call's arguments were gathered without limit for a client that
+/// receives a call whole (Anthropic, Responses, Gemini), then sent as one
+/// event past the per-event limit: 160 MiB of them cost 962 MiB of RSS.
+/// Now they are bounded like every other event (`max_stream_event`): the
+/// stream breaks there with the client's error event, the upstream is
+/// let go, and the process's peak memory stays near its start.
+#[tokio::test]
+async fn a_tool_calls_arguments_are_bounded_like_any_event() {
+    let (base, sent) = huge_tool_call(256).await; // 64 MiB of arguments
+    let gw = Process::spawn(|addr, _| {
+        format!(
+            "listen: {addr}\njournal: \"off\"\nmax_stream_event: 4MiB\nupstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{base}\", api_key: k }}\nmodels:\n  m:\n    targets: [{{ upstream: chat, model: glm }}]\n"
+        )
+    });
+    started(&gw).await;
+    let before = peak_rss_mib(gw.child.id());
+    let anthropic = r#"{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = client().post(format!("{}/v1/messages", gw.base())).body(anthropic).send().await.unwrap();
+    let text = resp.text().await.unwrap();
+    assert!(text.len() < 64 * 1024, "no giant event reached the client: {} bytes", text.len());
+    assert!(text.contains("event: error") && text.contains("max_stream_event"), "{text}");
+    let peak = peak_rss_mib(gw.child.id());
+    assert!(peak - before < 48.0, "peak RSS grew {before:.0} -> {peak:.0} MiB");
+    let pieces = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(pieces < 128, "the upstream was let go, not read to its end: {pieces} of 256 pieces sent");
+}

@@ -123,7 +123,7 @@ fn answers_to_real_agent_requests_come_back_grammatical() {
                 let turn = Turn { call: call.map(|(n, a)| (n.to_owned(), a.to_owned())), reasoning, usage_chunk: true };
                 let what = format!("{name} → {target:?}, reasoning {reasoning}, call {call:?}");
                 // Streamed: event by event.
-                let mut stream = Stream::new(&t.back).unwrap();
+                let mut stream = Stream::new(&t.back, 16 << 20).unwrap();
                 let out: Vec<Bytes> =
                     turns::frames(target, "target-model", 6, &turn).iter().map(|e| stream.events(e)).collect();
                 let text = String::from_utf8(out.concat()).unwrap();

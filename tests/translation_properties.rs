@@ -253,7 +253,7 @@ proptest! {
         groups in prop::collection::vec(1usize..4, 1..40),
     ) {
         let back = translate::request_keeping(client, target, &client_request(client, reasoning), "m", true, None).unwrap().back;
-        let mut stream = Stream::new(&back).unwrap();
+        let mut stream = Stream::new(&back, 16 << 20).unwrap();
         let events = match target {
             Protocol::Anthropic => anthropic_events(&plan),
             Protocol::Gemini => gemini_events(&plan),

@@ -259,6 +259,10 @@ pub fn error(back: &Back, status: u16, body: &[u8]) -> Bytes {
     back.client.error_body(kind, &message, code.as_deref())
 }
 
+/// What a held tool call costs besides its strings (its place in the
+/// list and the index to it), counted in the bound on held calls.
+const CALL_OVERHEAD: usize = 96;
+
 enum Reader {
     Chat(openai_chat::turn::Reader),
     Anthropic(anthropic::turn::Reader),
@@ -280,6 +284,12 @@ pub struct Stream {
     reader: Reader,
     writer: Writer,
     deltas: Vec<Delta>,
+    /// Bytes of tool calls the writer holds to write whole at the end
+    /// (Anthropic, Responses and Gemini clients; a chat client's are
+    /// streamed as they come), with their bound.
+    calls: Option<(usize, usize)>,
+    /// Why the stream cannot go on, once it cannot (taken by the body).
+    broken: Option<String>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -290,8 +300,10 @@ impl std::fmt::Debug for Stream {
 
 impl Stream {
     /// A translator for the way `back` describes (`None` for a target
-    /// protocol that is not reached by translation).
-    pub fn new(back: &Back) -> Option<Stream> {
+    /// protocol that is not reached by translation); `max_event`: the
+    /// largest event allowed, which bounds the tool calls a writer holds
+    /// to write as one event.
+    pub fn new(back: &Back, max_event: usize) -> Option<Stream> {
         let reader = match back.target {
             Protocol::OpenAiChat => Reader::Chat(openai_chat::turn::Reader::default()),
             Protocol::Anthropic => Reader::Anthropic(anthropic::turn::Reader::default()),
@@ -308,17 +320,39 @@ impl Stream {
             Protocol::Anthropic => Writer::Anthropic(anthropic::turn::Writer::new(back.reasoning)),
             Protocol::Gemini => Writer::Gemini(gemini::turn::Writer::new(back.reasoning)),
         };
-        Some(Stream { reader, writer, deltas: Vec::new() })
+        let calls = (!matches!(writer, Writer::Chat(_))).then_some((0, max_event));
+        Some(Stream { reader, writer, deltas: Vec::new(), calls, broken: None })
     }
 
     /// Translates whole events (`bytes` ends at an event's end).
     pub fn events(&mut self, bytes: &[u8]) -> Bytes {
         let mut out = BytesMut::new();
         each_event(bytes, |name, data| {
+            if self.broken.is_some() {
+                return;
+            }
             match &mut self.reader {
                 Reader::Chat(r) => r.read(data, &mut self.deltas),
                 Reader::Anthropic(r) => r.read(name, data, &mut self.deltas),
                 Reader::Gemini(r) => r.read(data, &mut self.deltas),
+            }
+            if let Some((held, max)) = &mut self.calls {
+                for delta in &self.deltas {
+                    *held += match delta {
+                        // A call held costs its strings and their place.
+                        Delta::ToolCall { id, name, .. } => id.len() + name.len() + CALL_OVERHEAD,
+                        Delta::ToolArgs { args, .. } => args.len(),
+                        _ => 0,
+                    };
+                }
+                if *held > *max {
+                    self.broken = Some(format!(
+                        "the upstream's tool calls came to over {max} bytes (max_stream_event), which the \
+                         client's protocol receives whole"
+                    ));
+                    self.deltas.clear();
+                    return;
+                }
             }
             for delta in self.deltas.drain(..) {
                 match &mut self.writer {
@@ -330,6 +364,12 @@ impl Stream {
             }
         });
         out.freeze()
+    }
+
+    /// Why the stream cannot go on, if it cannot (taken once): the body
+    /// then ends it as broken.
+    pub fn take_broken(&mut self) -> Option<String> {
+        self.broken.take()
     }
 
     /// The client's terminal events, if not yet sent: for a target that

@@ -335,18 +335,22 @@ impl Usage {
 /// interleaves them, and write each call whole at the answer's end.
 #[derive(Debug, Default)]
 pub struct Calls {
-    calls: Vec<(u32, ToolCall)>,
+    calls: Vec<ToolCall>,
+    /// The provider's index of each call → where it is in `calls` (the
+    /// first opened under it).
+    at: std::collections::HashMap<u32, usize>,
 }
 
 impl Calls {
     /// A call opens (`index`: the provider's).
     pub fn open(&mut self, index: u32, id: String, name: String) {
-        self.calls.push((index, ToolCall { id, name, arguments: String::new(), custom: false }));
+        self.at.entry(index).or_insert(self.calls.len());
+        self.calls.push(ToolCall { id, name, arguments: String::new(), custom: false });
     }
 
     /// More of call `index`'s arguments.
     pub fn args(&mut self, index: u32, piece: &str) {
-        if let Some((_, call)) = self.calls.iter_mut().find(|c| c.0 == index) {
+        if let Some(call) = self.at.get(&index).and_then(|&at| self.calls.get_mut(at)) {
             call.arguments.push_str(piece);
         }
     }
@@ -354,9 +358,10 @@ impl Calls {
     /// The calls, in order of opening, arguments whole (`{}` when none
     /// came).
     pub fn take(&mut self) -> Vec<ToolCall> {
+        self.at.clear();
         std::mem::take(&mut self.calls)
             .into_iter()
-            .map(|(_, mut call)| {
+            .map(|mut call| {
                 if call.arguments.trim().is_empty() {
                     call.arguments = "{}".into();
                 }

@@ -285,7 +285,8 @@ impl RelayBody {
     /// says which). A translated stream is not continued after a break
     /// (a continuation is built in the client's protocol).
     pub fn translate(&mut self, back: &crate::translate::Back) {
-        self.translator = crate::translate::Stream::new(back).map(Box::new);
+        let max_event = self.sse.as_ref().map_or(usize::MAX, Scanner::max_event);
+        self.translator = crate::translate::Stream::new(back, max_event).map(Box::new);
         self.resumes = 0;
     }
 
@@ -522,10 +523,18 @@ impl RelayBody {
             sse.discard();
             bad
         });
-        let out = match (out, self.translator.as_mut()) {
-            (Some(out), Some(t)) => Some(t.events(&out)).filter(|b| !b.is_empty()),
-            (out, _) => out,
+        let (out, broken) = match (out, self.translator.as_mut()) {
+            (Some(out), Some(t)) => (Some(t.events(&out)).filter(|b| !b.is_empty()), t.take_broken()),
+            (out, _) => (out, None),
         };
+        if let Some(why) = broken {
+            if let Some(sse) = self.sse.as_mut() {
+                sse.discard();
+            }
+            self.resumes = 0;
+            self.last = self.break_stream(why);
+            return out;
+        }
         if let Some(bad) = bad {
             // What came before it is sent (translated first: the error
             // event ends the client's stream), then the client's error

@@ -698,7 +698,7 @@ pub fn write_answer(reply: &Reply, reasoning: bool) -> Vec<u8> {
 #[derive(Debug, Default)]
 pub struct Reader {
     /// Block index → tool call (its deltas are argument pieces).
-    tools: Vec<u32>,
+    tools: std::collections::HashSet<u32>,
 }
 
 impl Reader {
@@ -720,7 +720,7 @@ impl Reader {
                 let b = &v["content_block"];
                 match b["type"].as_str() {
                     Some("tool_use") => {
-                        self.tools.push(index);
+                        self.tools.insert(index);
                         out.push(Delta::ToolCall {
                             index,
                             id: b["id"].as_str().unwrap_or_default().to_owned(),

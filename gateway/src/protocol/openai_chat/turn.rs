@@ -544,7 +544,9 @@ fn now() -> i64 {
 #[derive(Debug, Default)]
 pub struct Reader {
     started: bool,
-    calls: Vec<u32>,
+    /// The provider's indices of the calls opened (a set: a provider
+    /// may open many).
+    calls: std::collections::HashSet<u32>,
     stopped: bool,
 }
 
@@ -587,8 +589,7 @@ impl Reader {
             }
             for (k, call) in d["tool_calls"].as_array().into_iter().flatten().enumerate() {
                 let index = call["index"].as_u64().map_or(k as u32, |i| i as u32);
-                if !self.calls.contains(&index) {
-                    self.calls.push(index);
+                if self.calls.insert(index) {
                     out.push(Delta::ToolCall {
                         index,
                         id: call["id"].as_str().unwrap_or_default().to_owned(),
@@ -732,8 +733,7 @@ impl Reader {
             for (k, call) in d.tool_calls.into_iter().flatten().enumerate() {
                 let index = call.index.unwrap_or(k as u32);
                 let (name, args) = call.function.map_or((None, None), |f| (f.name, f.arguments));
-                if !self.calls.contains(&index) {
-                    self.calls.push(index);
+                if self.calls.insert(index) {
                     out.push(Delta::ToolCall {
                         index,
                         id: call.id.as_deref().unwrap_or_default().to_owned(),
