@@ -339,3 +339,124 @@ async fn a_tool_calls_arguments_are_bounded_like_any_event() {
     let pieces = sent.load(std::sync::atomic::Ordering::Relaxed);
     assert!(pieces < 128, "the upstream was let go, not read to its end: {pieces} of 256 pieces sent");
 }
+
+/// Everything an admin or an operator can read of a process: the admin
+/// views (upstreams, clients, every journal row with its attempts), the
+/// journal's files and its log.
+async fn everything_stored(gw: &Process, rows: usize) -> String {
+    let get = |path: String| async move {
+        client().get(format!("{}{path}", gw.base())).bearer_auth("adm").send().await.unwrap().text().await.unwrap()
+    };
+    let mut listed = Value::Null;
+    for _ in 0..200 {
+        listed = serde_json::from_str(&get("/admin/requests?limit=100".into()).await).unwrap();
+        if listed["requests"].as_array().is_some_and(|r| r.len() >= rows) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut all = listed.to_string();
+    for row in listed["requests"].as_array().unwrap() {
+        all += &get(format!("/admin/requests/{}", row["id"].as_str().unwrap())).await;
+    }
+    all += &get("/admin/upstreams".into()).await;
+    all += &get("/admin/clients".into()).await;
+    all += &get("/metrics".into()).await;
+    // The files it wrote (its config, which holds the keys, is not one),
+    // once the journal has its rows on disk.
+    for _ in 0..200 {
+        let journal: Vec<u8> = std::fs::read_dir(gw.dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.to_string_lossy().contains("journal.db"))
+            .flat_map(|p| std::fs::read(p).unwrap_or_default())
+            .collect();
+        if journal.windows(10).any(|w| w == b"[redacted]") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    for entry in std::fs::read_dir(gw.dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().is_some_and(|n| n != "tidegate.yaml") {
+            all += &format!("\n== {}\n", path.display());
+            all += &String::from_utf8_lossy(&std::fs::read(&path).unwrap());
+        }
+    }
+    all
+}
+
+/// A provider that echoes the key it was sent (in its message and in a
+/// header) put tidegate's upstream key in the answer to every client, in
+/// the bench's reason, the admin API and the journal. Now every
+/// configured secret is replaced with a marker wherever provider text
+/// enters: HTTP errors (passed on verbatim or translated), errors carried
+/// in a 200, error events mid-stream.
+#[tokio::test]
+async fn a_providers_message_never_carries_a_configured_secret_out() {
+    const CLIENT: &str = "ck-alice-0123456789";
+    let echo = format!(
+        r#"{{"error":{{"message":"Incorrect API key provided: {UPSTREAM_KEY} (client {CLIENT})","type":"invalid_request_error","code":"invalid_api_key"}}}}"#
+    );
+    let unauthorized = tidegate_simulate::Fault::new(401, &echo).header("x-echo", &format!("Bearer {UPSTREAM_KEY}"));
+    let mid_stream = tidegate_simulate::Fault::error_mid_stream(2, &echo.replace("invalid_api_key", "server_error"));
+    let frame = format!(
+        r#"{{"error":{{"message":"quota exhausted for {UPSTREAM_KEY}","type":"insufficient_quota","code":"insufficient_quota"}}}}"#
+    );
+    let script = |fault: &tidegate_simulate::Fault| Behavior { script: vec![fault.clone(); 4], ..Default::default() };
+    let sim = sim(&[
+        ("unauthorized", script(&unauthorized)),
+        ("mid-stream", script(&mid_stream)),
+        ("frame", script(&tidegate_simulate::Fault::error_frame(&frame))),
+    ]);
+    let gw = Process::spawn_logging("info", |addr, dir| {
+        let upstream = |name: &str, protocol: &str| {
+            format!(
+                "  - {{ name: {name}, protocol: {protocol}, base_url: \"{}\", api_key: {UPSTREAM_KEY} }}\n",
+                sim.openai_url()
+            )
+        };
+        let ups: String = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|n| upstream(&format!("{n}-openai"), "openai") + &upstream(&format!("{n}-chat"), "openai-chat"))
+            .collect();
+        format!(
+            "listen: {addr}\nadmin_key: adm\njournal: {}\nclient_keys: [{{ name: alice, key: {CLIENT} }}]\ndefaults:\n  retry: {{ base_delay: 10ms, max_delay: 20ms }}\nupstreams:\n{ups}models:\n  plain-401:\n    targets: [{{ upstream: a-openai, model: unauthorized }}]\n  translated-401:\n    targets: [{{ upstream: a-chat, model: unauthorized }}]\n  plain-stream:\n    targets: [{{ upstream: b-openai, model: mid-stream }}]\n  translated-stream:\n    targets: [{{ upstream: b-chat, model: mid-stream }}]\n  plain-frame:\n    targets: [{{ upstream: c-openai, model: frame }}]\n  translated-frame:\n    targets: [{{ upstream: c-chat, model: frame }}]\n",
+            dir.join("journal.db").display()
+        )
+    });
+    started(&gw).await;
+    let send = |path: &'static str, body: String| {
+        let url = format!("{}{path}", gw.base());
+        async move {
+            let resp = client().post(url).bearer_auth(CLIENT).body(body).send().await.unwrap();
+            let headers = format!("{:?}", resp.headers());
+            headers + &resp.text().await.unwrap()
+        }
+    };
+    let chat = |model: &str, stream: bool| {
+        json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}).to_string()
+    };
+    let messages = |model: &str, stream: bool| {
+        json!({"model": model, "stream": stream, "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+    };
+    let answers = [
+        send("/v1/chat/completions", chat("plain-401", false)).await,
+        send("/v1/messages", messages("translated-401", false)).await,
+        send("/v1/chat/completions", chat("plain-stream", true)).await,
+        send("/v1/messages", messages("translated-stream", true)).await,
+        send("/v1/chat/completions", chat("plain-frame", true)).await,
+        send("/v1/messages", messages("translated-frame", true)).await,
+    ];
+    for (i, answer) in answers.iter().enumerate() {
+        assert!(!answer.contains(UPSTREAM_KEY) && !answer.contains(CLIENT), "answer {i} carries a secret: {answer}");
+        assert!(answer.contains("[redacted]"), "answer {i} says where the secret was: {answer}");
+    }
+    let stored = everything_stored(&gw, answers.len()).await;
+    let journal = stored.split("\n== ").filter(|f| f.contains("journal.db")).collect::<String>();
+    assert!(journal.contains("[redacted]"), "the journal keeps the provider's message, scrubbed");
+    let around = |secret: &str| stored.find(secret).map(|at| stored[at.saturating_sub(300)..at + 50].to_owned());
+    assert_eq!(around(UPSTREAM_KEY), None, "a stored or shown text carries the upstream key");
+    assert!(!stored.contains(CLIENT), "a stored or shown text carries the client key");
+}

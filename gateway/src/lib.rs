@@ -75,6 +75,7 @@ pub mod report;
 pub mod request_id;
 pub mod retry;
 pub mod route;
+pub mod secrets;
 pub mod server;
 pub mod shared;
 pub mod stream;

@@ -72,6 +72,12 @@ pub struct Process {
 
 impl Process {
     pub fn spawn(config: impl FnOnce(&str, &std::path::Path) -> String) -> Process {
+        Self::spawn_logging("warn", config)
+    }
+
+    /// [`Process::spawn`] logging at `level` (`RUST_LOG`) to
+    /// `stderr.log` in its directory.
+    pub fn spawn_logging(level: &str, config: impl FnOnce(&str, &std::path::Path) -> String) -> Process {
         let dir = tempfile::tempdir().unwrap();
         let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
         let path = dir.path().join("tidegate.yaml");
@@ -79,9 +85,9 @@ impl Process {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidegate"))
             .args(["serve", "--config"])
             .arg(&path)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", level)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
             .spawn()
             .unwrap();
         Process { child, addr, dir }

@@ -263,14 +263,17 @@ pub struct Target {
 }
 
 /// A secret string: `Debug` and `Display` print `***`, so a stray `{:?}` in a
-/// log line cannot leak a key.
+/// log line cannot leak a key; made, it is registered with
+/// [`crate::secrets`], so a provider's message that echoes it is scrubbed.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secret(String);
 
 impl Secret {
     /// Wraps a secret value.
     pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
+        let value = value.into();
+        crate::secrets::register(&value);
+        Self(value)
     }
     /// The raw value, for the one place that must send it.
     pub fn expose(&self) -> &str {

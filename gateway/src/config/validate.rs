@@ -334,6 +334,12 @@ fn upstream(
         match (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str())) {
             (Ok(n), Ok(mut v)) => {
                 v.set_sensitive(true);
+                // Credentials put in headers are secrets for scrubbing too
+                // (other values, such as a version date, are not).
+                let lower = n.as_str();
+                if ["auth", "key", "token", "secret", "cookie", "password"].iter().any(|w| lower.contains(w)) {
+                    crate::secrets::register(value);
+                }
                 headers.push((n, v));
             }
             _ => {

@@ -842,6 +842,7 @@ fn unsent(error: SendError) -> Attempt {
 /// as the answer to return verbatim if it is final (502 when it names no
 /// status).
 fn carried_failure(headers: &HeaderMap, data: Bytes, upstream: &Upstream, back: Option<&translate::Back>) -> Attempt {
+    let data = crate::secrets::scrub_bytes(data);
     let status = StatusCode::from_u16(protocol::error_status(&data)).unwrap_or(StatusCode::OK);
     let outcome = classify::classify(status, headers, &data, &upstream.config.rules, jiff::Timestamp::now());
     let data = match back {

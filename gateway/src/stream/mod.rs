@@ -40,6 +40,8 @@ use crate::protocol::{ErrorKind, Protocol};
 use crate::record::{AttemptLog, Outcome, Usage, Verdict};
 use sse::Scanner;
 
+use crate::secrets;
+
 /// Most bytes of an unreadable event quoted in the report of the break.
 const UNREADABLE_EXCERPT: usize = 120;
 
@@ -510,13 +512,17 @@ impl RelayBody {
             // The upstream's own error event is the protocol-correct
             // error: send it, and nothing after it (no `[DONE]`).
             self.inner = None;
-            let detail = sse.seen.error.as_deref().map(|e| String::from_utf8_lossy(e).into_owned()).unwrap_or_default();
+            let detail = sse.seen.error.as_deref().map(|e| String::from_utf8_lossy(&secrets::scrub(e)).into_owned());
+            let detail = detail.unwrap_or_default();
             self.outcome = Some((Outcome::Incomplete, Some(format!("upstream error event mid-stream: {detail}"))));
         }
-        let out = (self.ready > 0).then(|| sse.take(self.ready));
+        let mut out = (self.ready > 0).then(|| sse.take(self.ready));
         self.ready = 0;
         if error {
             sse.discard();
+            // The provider's error event is its text: no secret in it
+            // reaches the client (see `crate::secrets`).
+            out = out.map(secrets::scrub_bytes);
         }
         let bad = unreadable.map(|len| {
             let bad = sse.take(len);
@@ -539,7 +545,8 @@ impl RelayBody {
             // What came before it is sent (translated first: the error
             // event ends the client's stream), then the client's error
             // event; the journal keeps the text up to it.
-            let excerpt = String::from_utf8_lossy(&bad[..bad.len().min(UNREADABLE_EXCERPT)]).trim().to_owned();
+            let excerpt = secrets::scrub_bytes(bad.slice(..bad.len().min(UNREADABLE_EXCERPT)));
+            let excerpt = String::from_utf8_lossy(&excerpt).trim().to_owned();
             self.resumes = 0;
             self.last = self.break_stream(format!("the upstream sent an event that is not JSON ({excerpt:?})"));
         }

@@ -404,6 +404,10 @@ impl Upstream {
     /// (Bedrock's exceptions, Google's RPC statuses) becomes the protocol
     /// error of the same meaning; anything else is returned as it came.
     pub fn error_body(&self, parts: &mut http::response::Parts, body: Bytes) -> Bytes {
+        // The provider's text, before anything reads it: no configured
+        // secret in it goes further (see `crate::secrets`).
+        crate::secrets::scrub_headers(&mut parts.headers);
+        let body = crate::secrets::scrub_bytes(body);
         let converted = match &self.reach {
             Reach::Bedrock(_) => bedrock::error_body(&parts.headers, &body),
             // Gemini's errors are Google's already.

@@ -92,6 +92,8 @@ impl Vertex {
                     .await
                     .map_err(TokenError::NoCredentials)?;
                 let token = provider.token(&[SCOPE]).await.map_err(|e| TokenError::NoToken(e.to_string()))?;
+                // A token is a secret too (registering one already known is a look-up).
+                crate::secrets::register(token.as_str());
                 Ok(token.as_str().to_owned())
             }
             Tokens::Command { command, ttl, cached } => {
@@ -102,6 +104,7 @@ impl Vertex {
                     return Ok(token.clone());
                 }
                 let token = run(command).await?;
+                crate::secrets::register(&token);
                 *cached = Some((token.clone(), Instant::now()));
                 Ok(token)
             }
