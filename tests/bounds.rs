@@ -460,3 +460,58 @@ async fn a_providers_message_never_carries_a_configured_secret_out() {
     assert_eq!(around(UPSTREAM_KEY), None, "a stored or shown text carries the upstream key");
     assert!(!stored.contains(CLIENT), "a stored or shown text carries the client key");
 }
+
+/// Resident memory of a process now, in MiB (`VmRSS`).
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() / 1024.0
+}
+
+/// Kept conversations were bounded by the JSON text they came in, but
+/// held as parsed trees (10–70 times that) and once per turn: a long chain
+/// took RSS past 600 MiB against the documented 64 MiB, and requests of
+/// millions of items kept hundreds. Now a turn is held as its text, shared
+/// by every later turn, and a conversation past MAX_ITEMS is not kept: a
+/// 400-turn chain and four 500,000-item requests leave RSS near its start.
+#[tokio::test]
+async fn kept_conversations_stay_within_their_bound_in_rss() {
+    let sim = chat_only(&[]);
+    let gw = Process::spawn(|addr, _| {
+        format!(
+            "listen: {addr}\njournal: \"off\"\nupstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\nmodels:\n  m:\n    targets: [{{ upstream: chat, model: glm }}]\n",
+            sim.openai_url()
+        )
+    });
+    started(&gw).await;
+    let c = client();
+    let responses = format!("{}/v1/responses", gw.base());
+    // Warm up (the runtime's threads, the connection pools, the allocator).
+    for _ in 0..3 {
+        c.post(&responses).body(r#"{"model":"m","store":false,"input":"hi"}"#).send().await.unwrap();
+    }
+    let start = rss_mib(gw.child.id());
+    let mut previous: Option<String> = None;
+    let nine: Vec<Value> = (0..9).map(|i| json!({"role": "user", "content": format!("n{i}")})).collect();
+    for turn in 0..400 {
+        let mut body = json!({"model": "m", "input": nine});
+        if let Some(p) = &previous {
+            body["previous_response_id"] = p.clone().into();
+        }
+        let resp = c.post(&responses).json(&body).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "turn {turn}");
+        previous = resp.json::<Value>().await.unwrap()["id"].as_str().map(str::to_owned);
+    }
+    let chain = rss_mib(gw.child.id());
+    let ones = format!(r#"{{"model":"m","input":[{}{{"role":"user","content":"hi"}}]}}"#, "1,".repeat(500_000));
+    for _ in 0..4 {
+        let resp = c.post(&responses).body(ones.clone()).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let dropped = resp.headers().get("x-tidegate-dropped").unwrap().to_str().unwrap().to_owned();
+        assert!(dropped.contains("is not kept"), "declared: {dropped}");
+    }
+    let end = rss_mib(gw.child.id());
+    eprintln!("RSS: start {start:.1} MiB, after the chain {chain:.1}, after the large requests {end:.1}");
+    assert!(chain - start < 48.0, "a 400-turn chain grew RSS {start:.0} -> {chain:.0} MiB");
+    assert!(end - start < 64.0, "RSS grew {start:.0} -> {end:.0} MiB (bound: 64 MiB kept)");
+}

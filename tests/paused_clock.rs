@@ -52,6 +52,7 @@ fn job(gw: &Arc<Gateway>, deadline: Duration) -> Job {
         trace: None,
         pin: None,
         session: None,
+        owner: None,
     }
 }
 

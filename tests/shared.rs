@@ -521,8 +521,8 @@ async fn translated_conversations_are_kept_for_every_replica() {
     wait_shared(&format!("http://{}", three.addr), true).await;
     let before = chat.state.received().len();
     let refused = turn(&three, "again", Some(&id2)).await.unwrap();
-    assert_eq!(refused.status(), 400);
+    assert_eq!(refused.status(), 404);
     let v: Value = refused.json().await.unwrap();
-    assert!(v["error"]["message"].as_str().unwrap().contains("is not a response tidegate keeps"), "{v}");
+    assert_eq!(v["error"]["code"], "previous_response_not_found", "{v}");
     assert_eq!(chat.state.received().len(), before, "nothing sent");
 }

@@ -280,11 +280,9 @@ async fn what_cannot_be_translated_is_refused_naming_the_field_and_never_sent() 
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}]}]});
     let forced = json!({"model": "on-chat", "max_tokens": 10, "messages": [{"role": "user", "content": "look it up"}],
         "tools": [{"type": "web_search_20250305", "name": "web_search"}], "tool_choice": {"type": "tool", "name": "web_search"}});
-    let previous = json!({"model": "on-chat", "input": "go on", "previous_response_id": "resp_123"});
     let cases = [
         (Protocol::Anthropic, pdf, "messages[0].content[1]: a document block cannot be translated"),
         (Protocol::Anthropic, forced, "tool_choice: the tool \"web_search\" cannot be offered"),
-        (Protocol::OpenAiResponses, previous, "previous_response_id"),
     ];
     for (client, body, want) in cases {
         let resp = common::client().post(url(&gw, path(client))).json(&body).send().await.unwrap();
@@ -487,12 +485,14 @@ async fn previous_response_id_on_a_translated_target_is_resolved_from_what_tideg
         assert_eq!(sent["messages"][1]["content"], "tok0 tok1 tok2 tok3 tok4 ");
         assert!(sent.get("previous_response_id").is_none());
     }
-    // An id tidegate does not keep is refused, and nothing is sent.
+    // An id tidegate does not keep is refused as OpenAI refuses an id it
+    // does not have, and nothing is sent.
     let before = p.chat.state.received().len();
     let unknown = json!({"model": "on-chat", "previous_response_id": "resp_nobody", "input": "go on"});
     let resp = common::client().post(url(&gw, "/v1/responses")).json(&unknown).send().await.unwrap();
-    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.status(), 404);
     let v: Value = resp.json().await.unwrap();
-    assert!(v["error"]["message"].as_str().unwrap().contains("is not a response tidegate keeps"), "{v}");
+    assert_eq!(v["error"]["code"], "previous_response_not_found", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("'resp_nobody' not found"), "{v}");
     assert_eq!(p.chat.state.received().len(), before);
 }

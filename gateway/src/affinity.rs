@@ -64,9 +64,10 @@ struct Opening<'a> {
     prompt_cache_key: Option<String>,
 }
 
-/// The session key of a request from `client` (its name, `None` without
-/// client keys), or `None` when nothing identifies a conversation.
-pub fn session_key(headers: &HeaderMap, body: &[u8], client: Option<&str>) -> Option<String> {
+/// The session key of a request, or `None` when nothing identifies a
+/// conversation. (One client's sessions are its own: the binding is kept
+/// under the client's owner, see [`crate::pins`].)
+pub fn session_key(headers: &HeaderMap, body: &[u8]) -> Option<String> {
     const CLAUDE_CODE: HeaderName = HeaderName::from_static("x-claude-code-session-id");
     const CODEX: HeaderName = HeaderName::from_static("session_id");
     let header = |name: HeaderName| headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty());
@@ -75,7 +76,6 @@ pub fn session_key(headers: &HeaderMap, body: &[u8], client: Option<&str>) -> Op
         .or_else(|| header(CLAUDE_CODE).map(|v| ("claude-code", v.to_owned())))
         .or_else(|| header(CODEX).map(|v| ("codex", v.to_owned())));
     let mut hasher = DefaultHasher::new();
-    client.unwrap_or_default().hash(&mut hasher);
     match told {
         Some((kind, value)) => (kind, value).hash(&mut hasher),
         None => {
@@ -131,12 +131,12 @@ pub fn moving_cost(body_len: usize) -> Duration {
 mod tests {
     use super::*;
 
-    fn key(headers: &[(&str, &str)], body: &str, client: Option<&str>) -> Option<String> {
+    fn key(headers: &[(&str, &str)], body: &str) -> Option<String> {
         let mut map = HeaderMap::new();
         for (n, v) in headers {
             map.insert(http::HeaderName::from_bytes(n.as_bytes()).unwrap(), v.parse().unwrap());
         }
-        session_key(&map, body.as_bytes(), client)
+        session_key(&map, body.as_bytes())
     }
 
     #[test]
@@ -144,22 +144,21 @@ mod tests {
         let turn1 = r#"{"model":"m","system":"be brief","messages":[{"role":"user","content":"fix the bug"}]}"#;
         let turn2 = r#"{"model":"m","system":"be brief","messages":[{"role":"user","content":"fix the bug"},{"role":"assistant","content":"done"},{"role":"user","content":"and test it"}]}"#;
         let other = r#"{"model":"m","system":"be brief","messages":[{"role":"user","content":"write docs"}]}"#;
-        let one = key(&[], turn1, Some("alice"));
+        let one = key(&[], turn1);
         assert!(one.is_some());
-        assert_eq!(key(&[], turn2, Some("alice")), one, "later turns repeat the opening");
+        assert_eq!(key(&[], turn2), one, "later turns repeat the opening");
         let chat1 = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#;
         let chat2 = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}"#;
-        assert_eq!(key(&[], chat1, None), key(&[], chat2, None), "later turns repeat the opening");
-        assert_ne!(key(&[], turn1, Some("alice")), key(&[], turn1, Some("bob")), "one client's sessions are its own");
-        assert_ne!(key(&[], turn1, None), key(&[], other, None));
+        assert_eq!(key(&[], chat1), key(&[], chat2), "later turns repeat the opening");
+        assert_ne!(key(&[], turn1), key(&[], other));
         // What the client says wins, whatever the body.
-        let claude = key(&[("x-claude-code-session-id", "abc")], turn1, None);
-        assert_eq!(claude, key(&[("x-claude-code-session-id", "abc")], other, None));
-        assert_ne!(claude, key(&[("x-tidegate-session", "abc")], turn1, None));
+        let claude = key(&[("x-claude-code-session-id", "abc")], turn1);
+        assert_eq!(claude, key(&[("x-claude-code-session-id", "abc")], other));
+        assert_ne!(claude, key(&[("x-tidegate-session", "abc")], turn1));
         let cached = r#"{"model":"m","prompt_cache_key":"conv-1","input":"hi"}"#;
-        assert_eq!(key(&[], cached, None), key(&[], &cached.replace("hi", "more"), None));
-        assert_eq!(key(&[], r#"{"model":"m"}"#, None), None, "nothing to know a conversation by");
-        assert_eq!(key(&[], "not json", None), None);
+        assert_eq!(key(&[], cached), key(&[], &cached.replace("hi", "more")));
+        assert_eq!(key(&[], r#"{"model":"m"}"#), None, "nothing to know a conversation by");
+        assert_eq!(key(&[], "not json"), None);
     }
 
     #[test]

@@ -99,6 +99,12 @@ pub enum GatewayError {
     /// `x-tidegate-deadline` is not a duration.
     #[error("x-tidegate-deadline: {0:?} is not a duration like 30s")]
     BadDeadline(String),
+    /// A `previous_response_id` this client may not continue: unknown,
+    /// expired, or another client key's. One answer for all three (as
+    /// OpenAI answers an id it does not have), so it tells a client
+    /// nothing of other keys' ids.
+    #[error("Previous response with id '{0}' not found (tidegate keeps responses for the client key that made them)")]
+    PreviousResponseNotFound(String),
 }
 
 impl GatewayError {
@@ -110,6 +116,9 @@ impl GatewayError {
                 (StatusCode::UNAUTHORIZED, ErrorKind::Authentication, Some("invalid_api_key"))
             }
             GatewayError::UnknownModel(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, Some("model_not_found")),
+            GatewayError::PreviousResponseNotFound(_) => {
+                (StatusCode::NOT_FOUND, ErrorKind::NotFound, Some("previous_response_not_found"))
+            }
             GatewayError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, ErrorKind::TooLarge, None),
             GatewayError::NoRoute(_) => (StatusCode::NOT_FOUND, ErrorKind::NotFound, None),
             GatewayError::GaveUp { status, kind, .. } => (*status, *kind, Some("upstream_unavailable")),
@@ -136,6 +145,7 @@ impl GatewayError {
             GatewayError::BadRequest(_) => "bad_request",
             GatewayError::Unauthorized => "bad_key",
             GatewayError::UnknownModel(_) => "unknown_model",
+            GatewayError::PreviousResponseNotFound(_) => "previous_response_not_found",
             GatewayError::TooLarge { .. } => "too_large",
             GatewayError::NoRoute(_) => "unknown_path",
             GatewayError::GaveUp { .. } => "gave_up",

@@ -192,6 +192,7 @@ impl Gateway {
             shared: shared.clone(),
             ttl: config.response_pin_ttl,
             tasks: tasks.clone(),
+            max_text: config.max_body,
         };
         Ok(Self {
             upstreams: upstreams.into(),

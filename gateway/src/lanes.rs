@@ -223,6 +223,12 @@ impl Lane {
         self.config.deadline
     }
 
+    /// Whose what this key's requests make tidegate keep is (see
+    /// [`crate::kept::Owner`]).
+    pub fn owner(&self) -> &Arc<str> {
+        &self.config.owner
+    }
+
     /// Who a request of this key is: its weight, and the priority it asked
     /// for (`None`: the key's), never above the key's own nor, during a
     /// penalty, above the penalty's.

@@ -14,6 +14,12 @@
 //! The same map keeps conversations where their prompt cache is (session
 //! affinity, kind `session`): a session key → the upstream (pool account)
 //! that last answered it, for `affinity_ttl`, renewed on every answer.
+//!
+//! Every pin belongs to the client that made it ([`Owner`]): its id is
+//! kept under that owner (here and in Redis), so an id sent by another
+//! client key finds nothing — many clients behind one upstream key cannot
+//! reach each other's state at the provider through it. Without client
+//! keys the ids are kept as they are (as before owners were kept).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,7 +29,17 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::ids::UpstreamId;
+use crate::kept::Owner;
 use crate::shared::SharedState;
+
+/// `id` as kept for `owner`: the owner's name, length first, before it
+/// (no two owners' ids can meet, whatever their names hold).
+fn scoped<'a>(owner: &Owner, id: &'a str) -> std::borrow::Cow<'a, str> {
+    match owner {
+        None => std::borrow::Cow::Borrowed(id),
+        Some(o) => std::borrow::Cow::Owned(format!("{}:{o}:{id}", o.len())),
+    }
+}
 
 /// Most pins kept in this process.
 pub const MAX_LOCAL: usize = 100_000;
@@ -73,8 +89,9 @@ impl Pins {
         }
     }
 
-    /// Remembers that `upstream` stores response `id`.
-    pub fn remember(&self, id: String, upstream: UpstreamId) {
+    /// Remembers that `upstream` stores `owner`'s response `id`.
+    pub fn remember(&self, owner: &Owner, id: &str, upstream: UpstreamId) {
+        let id = scoped(owner, id).into_owned();
         let now = Instant::now();
         if let (Some(shared), Some(name)) = (&self.shared, self.names.get(upstream.index())) {
             let (shared, name, key, ttl, kind) = (shared.clone(), name.clone(), id.clone(), self.ttl, self.kind);
@@ -95,9 +112,10 @@ impl Pins {
         local.insert(id, (upstream, now + self.ttl));
     }
 
-    /// The upstream that stores response `id`, if known here or (with
-    /// shared state) to any replica.
-    pub async fn find(&self, id: &str) -> Option<UpstreamId> {
+    /// The upstream that stores `owner`'s response `id`, if known here or
+    /// (with shared state) to any replica.
+    pub async fn find(&self, owner: &Owner, id: &str) -> Option<UpstreamId> {
+        let id = &*scoped(owner, id);
         let now = Instant::now();
         let local = self.local.lock().ok().and_then(|l| l.get(id).filter(|(_, until)| *until > now).map(|(u, _)| *u));
         if local.is_some() {
@@ -116,16 +134,33 @@ mod tests {
     async fn pins_expire_and_stay_bounded() {
         let pins =
             Pins::new(Duration::from_secs(60), None, Arc::from(vec!["a".into(), "b".into()]), TaskTracker::new());
-        pins.remember("resp_1".into(), UpstreamId::at(1));
-        assert_eq!(pins.find("resp_1").await, Some(UpstreamId::at(1)));
-        assert_eq!(pins.find("resp_2").await, None);
+        pins.remember(&None, "resp_1", UpstreamId::at(1));
+        assert_eq!(pins.find(&None, "resp_1").await, Some(UpstreamId::at(1)));
+        assert_eq!(pins.find(&None, "resp_2").await, None);
         tokio::time::advance(Duration::from_secs(61)).await;
-        assert_eq!(pins.find("resp_1").await, None, "expired");
+        assert_eq!(pins.find(&None, "resp_1").await, None, "expired");
         for i in 0..MAX_LOCAL + 5 {
-            pins.remember(format!("r{i}"), UpstreamId::at(0));
+            pins.remember(&None, &format!("r{i}"), UpstreamId::at(0));
         }
         let len = pins.local.lock().unwrap().len();
         assert!(len <= MAX_LOCAL, "{len}");
-        assert_eq!(pins.find(&format!("r{}", MAX_LOCAL + 4)).await, Some(UpstreamId::at(0)), "the newest is kept");
+        assert_eq!(
+            pins.find(&None, &format!("r{}", MAX_LOCAL + 4)).await,
+            Some(UpstreamId::at(0)),
+            "the newest is kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pin_is_its_owners_only() {
+        let pins = Pins::new(Duration::from_secs(60), None, Arc::from(vec!["a".into()]), TaskTracker::new());
+        let (alice, bob): (Owner, Owner) = (Some("key:alice".into()), Some("key:bob".into()));
+        pins.remember(&alice, "resp_1", UpstreamId::at(0));
+        assert_eq!(pins.find(&alice, "resp_1").await, Some(UpstreamId::at(0)));
+        assert_eq!(pins.find(&bob, "resp_1").await, None);
+        assert_eq!(pins.find(&None, "resp_1").await, None);
+        // Names that would meet if joined plainly do not.
+        pins.remember(&Some("a:b".into()), "c", UpstreamId::at(0));
+        assert_eq!(pins.find(&Some("a".into()), "b:c").await, None);
     }
 }

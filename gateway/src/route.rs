@@ -95,18 +95,12 @@ pub fn route<'a>(
         // tidegate's own headers are looked up only when there are any.
         let own = headers::any_own(&headers);
         let deadline = deadline(base.unwrap_or(model.deadline), own.then_some(&headers), record.started)?;
+        // Whose what this request continues or makes tidegate keep is.
+        let owner: crate::kept::Owner = lane.as_ref().map(|l| l.owner().clone());
         let pin = match &head.previous_response_id {
-            Some(id) => pinned(gw, id, model).await?,
+            Some(id) => continued(gw, &owner, id, model, &way).await?,
             None => None,
         };
-        if let (Some(id), None) = (&head.previous_response_id, pin)
-            && model.targets.iter().any(|t| way(t).is_some_and(|w| w != protocol::Way::Native))
-        {
-            // A translated target is sent the whole conversation, which
-            // another replica may have answered: read it back now (the
-            // attempt loop's translation does not wait).
-            gw.kept.fetch(id).await;
-        }
         let asked = match own.then(|| headers.get(headers::PRIORITY)).flatten() {
             None => None,
             Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
@@ -130,9 +124,9 @@ pub fn route<'a>(
         // A conversation over several targets goes back where its prompt
         // is cached (a request pinned to stored state goes there anyway).
         let session = match (&pin, model.affinity && model.targets.len() > 1) {
-            (None, true) => match crate::affinity::session_key(&headers, &body, record.client.as_deref()) {
+            (None, true) => match crate::affinity::session_key(&headers, &body) {
                 Some(key) => {
-                    let bound = gw.sessions.find(&key).await;
+                    let bound = gw.sessions.find(&owner, &key).await;
                     let moving_cost = crate::affinity::moving_cost(body.len());
                     Some(Arc::new(crate::affinity::Session { key, bound, moving_cost }))
                 }
@@ -155,6 +149,7 @@ pub fn route<'a>(
             trace,
             pin,
             session,
+            owner,
         }))
     }
 }
@@ -202,11 +197,44 @@ fn unpinned(mut headers: HeaderMap) -> HeaderMap {
     headers
 }
 
-/// The upstream that stores response `id`, which a request continuing it
-/// must go to. Unknown ids (never seen, expired) are routed as usual: the
-/// provider says whether it has them.
-async fn pinned(gw: &Gateway, id: &str, route: &ModelRoute) -> Result<Option<UpstreamId>, GatewayError> {
-    let Some(upstream) = gw.pins.find(id).await else { return Ok(None) };
+/// Where a request continuing response `id` (`previous_response_id`) for
+/// `owner` goes: the upstream that stores it, which it must go to; else,
+/// for a translated target, the conversation tidegate kept (read back from
+/// another replica now, as the attempt loop's translation does not wait).
+/// An id neither knows is refused before any attempt, as the provider
+/// refuses an id it does not have — except without client keys on a
+/// target that stores state itself, which then says whether it has it
+/// (with client keys, the provider behind tidegate's one key would answer
+/// for any client's id).
+async fn continued(
+    gw: &Gateway,
+    owner: &crate::kept::Owner,
+    id: &str,
+    route: &ModelRoute,
+    way: &impl Fn(&Target) -> Option<protocol::Way>,
+) -> Result<Option<UpstreamId>, GatewayError> {
+    if let Some(upstream) = pinned(gw, owner, id, route).await? {
+        return Ok(Some(upstream));
+    }
+    let translated = route.targets.iter().any(|t| way(t).is_some_and(|w| w != protocol::Way::Native));
+    if translated && gw.kept.fetch(id, owner).await {
+        return Ok(None);
+    }
+    let native = route.targets.iter().any(|t| way(t) == Some(protocol::Way::Native));
+    if native && owner.is_none() {
+        return Ok(None);
+    }
+    Err(GatewayError::PreviousResponseNotFound(id.to_owned()))
+}
+
+/// The upstream that stores `owner`'s response `id`, if it is known.
+async fn pinned(
+    gw: &Gateway,
+    owner: &crate::kept::Owner,
+    id: &str,
+    route: &ModelRoute,
+) -> Result<Option<UpstreamId>, GatewayError> {
+    let Some(upstream) = gw.pins.find(owner, id).await else { return Ok(None) };
     if route.targets.iter().any(|t| t.upstream == upstream) {
         return Ok(Some(upstream));
     }

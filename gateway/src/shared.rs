@@ -141,17 +141,20 @@ const REPLICA_TTL: Duration = Duration::from_secs(5);
 
 /// Keeps one turn of a translated Responses conversation (see `kept`):
 /// KEYS[1] the turn's key; ARGV the response it continued ('' for none),
-/// its new items (a JSON array), ms to keep it.
+/// its new items (a JSON array), ms to keep it, its owner (empty without
+/// client keys).
 const KEEP_TURN: &str = r"
-redis.call('HSET', KEYS[1], 'previous', ARGV[1], 'items', ARGV[2])
+redis.call('HSET', KEYS[1], 'previous', ARGV[1], 'items', ARGV[2], 'owner', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
 return 1
 ";
 
 /// Reads a conversation back, newest turn first, renewing each turn's TTL
 /// (a conversation in use does not expire from its oldest end): ARGV the
-/// key prefix, the response id, ms to keep, most turns. Nil when a turn is
-/// missing (the conversation is no longer whole). The keys are found by
+/// key prefix, the response id, ms to keep, most turns, the owner (empty
+/// without client keys). Nil when a turn is missing (the conversation is
+/// no longer whole) or is not the owner's: a turn written before owners
+/// were kept has none, so only a deployment without client keys reads it. The keys are found by
 /// walking the chain, so they cannot all be declared: one Redis, not a
 /// cluster (as for every key here).
 const KEPT: &str = r"
@@ -159,8 +162,9 @@ local id = ARGV[2]
 local out = {}
 for i = 1, tonumber(ARGV[4]) do
   local key = ARGV[1] .. id
-  local turn = redis.call('HMGET', key, 'previous', 'items')
+  local turn = redis.call('HMGET', key, 'previous', 'items', 'owner')
   if not turn[2] then return nil end
+  if (turn[3] or '') ~= ARGV[5] then return nil end
   redis.call('PEXPIRE', key, tonumber(ARGV[3]))
   out[#out + 1] = turn[2]
   if not turn[1] or turn[1] == '' then return out end
@@ -713,17 +717,19 @@ impl SharedState {
 
     /// Keeps one turn of a translated Responses conversation: response
     /// `id`, the response it continued, its new items (a JSON array).
-    pub async fn keep_turn(&self, id: &str, previous: Option<&str>, items: &str, ttl: Duration) {
+    pub async fn keep_turn(&self, id: &str, previous: Option<&str>, items: &str, owner: &str, ttl: Duration) {
         let mut inv = self.scripts.keep_turn.prepare_invoke();
-        inv.key(format!("{PREFIX}:kept:{id}")).arg(previous.unwrap_or_default()).arg(items).arg(ttl.as_millis() as u64);
+        inv.key(format!("{PREFIX}:kept:{id}")).arg(previous.unwrap_or_default()).arg(items);
+        inv.arg(ttl.as_millis() as u64).arg(owner);
         let _ = self.call::<i64>(inv).await;
     }
 
     /// The whole conversation through response `id` (its input items and
-    /// answers, oldest first), if every turn of it is still kept.
-    pub async fn kept(&self, id: &str, ttl: Duration) -> Option<Vec<serde_json::Value>> {
+    /// answers, oldest first), if every turn of it is still kept and is
+    /// `owner`'s (empty: a deployment without client keys).
+    pub async fn kept(&self, id: &str, ttl: Duration, owner: &str) -> Option<Vec<serde_json::Value>> {
         let mut inv = self.scripts.kept.prepare_invoke();
-        inv.arg(format!("{PREFIX}:kept:")).arg(id).arg(ttl.as_millis() as u64).arg(MAX_TURNS);
+        inv.arg(format!("{PREFIX}:kept:")).arg(id).arg(ttl.as_millis() as u64).arg(MAX_TURNS).arg(owner);
         let turns = self.call_within::<Option<Vec<String>>>(inv, KEPT_TIMEOUT, false).await??;
         let mut items = Vec::new();
         for turn in turns.iter().rev() {

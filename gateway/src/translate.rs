@@ -60,18 +60,19 @@ pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> 
     request_keeping(client, target, body, model, false, None)
 }
 
-/// [`request`], keeping a Responses answer's conversation in `kept`
-/// (unless the request says `store: false`) and sending a request that
-/// continues one (`previous_response_id`) its whole history. `Err` also
-/// when the response it continues is not kept (any more). `stream`: the
-/// client asked for a stream outside the body (Gemini's method).
+/// [`request`], keeping a Responses answer's conversation in `kept` for
+/// its owner (unless the request says `store: false`) and sending a
+/// request that continues one (`previous_response_id`) its whole history.
+/// `Err` also when the response it continues is not kept (any more, or
+/// not for this owner). `stream`: the client asked for a stream outside
+/// the body (Gemini's method).
 pub fn request_keeping(
     client: Protocol,
     target: Protocol,
     body: &[u8],
     model: &str,
     stream: bool,
-    kept: Option<&crate::kept::Store>,
+    kept: Option<(&crate::kept::Store, &crate::kept::Owner)>,
 ) -> Result<Translated, String> {
     let mut keep = None;
     let mut include_usage = false;
@@ -113,39 +114,53 @@ pub fn request_keeping(
 }
 
 /// A Responses request read (one JSON tree), a `previous_response_id`
-/// resolved from what tidegate kept, and where its answer's conversation
-/// is to be kept (unless `store: false`).
+/// resolved from what tidegate kept for its owner, and where its answer's
+/// conversation is to be kept (unless `store: false`, or it has grown
+/// past what is kept: declared).
 fn responses_request(
     body: &[u8],
-    kept: Option<&crate::kept::Store>,
+    kept: Option<(&crate::kept::Store, &crate::kept::Owner)>,
 ) -> Result<(crate::protocol::turn::Request, Option<crate::kept::Keep>), String> {
     let mut v: Value =
         serde_json::from_slice(body).map_err(|e| crate::protocol::bounds::json_error("request body", &e))?;
-    let mut input = Vec::new();
+    let fresh = crate::kept::input_items(&v["input"]);
     let mut continued = None;
     if let Some(previous) = v.get("previous_response_id").and_then(Value::as_str) {
-        let Some(history) = kept.and_then(|k| k.get(previous)) else {
+        let turn = kept.and_then(|(store, owner)| store.get(previous, owner));
+        let Some(history) = turn.as_ref().and_then(|t| t.history()) else {
+            // Routing refuses such an id first; this is a conversation
+            // let go in between.
             return Err(format!(
-                "previous_response_id: {previous:?} is not a response tidegate keeps (it keeps the last {} it \
-                 translated in each process and, with shared state, every replica's whole conversations for \
-                 response_pin_ttl); send the whole conversation (store: false) instead",
-                crate::kept::MAX_RESPONSES
+                "previous_response_id: {previous:?} is not a response tidegate keeps for this client key (any \
+                 more); send the whole conversation (store: false) instead"
             ));
         };
-        input.extend(history.iter().cloned());
-        continued = Some((previous.to_owned(), history.len()));
+        let mut input = history;
+        input.extend(fresh.iter().cloned());
+        continued = turn.map(|t| (previous.to_owned(), t));
+        if let Some(obj) = v.as_object_mut() {
+            obj.remove("previous_response_id");
+            obj.insert("input".into(), Value::Array(input));
+        }
     }
-    input.extend(crate::kept::input_items(&v["input"]));
-    if v.get("previous_response_id").is_some()
-        && let Some(obj) = v.as_object_mut()
-    {
-        obj.remove("previous_response_id");
-        obj.insert("input".into(), Value::Array(input.clone()));
-    }
-    let req = openai_responses::turn::read_request(&v)?;
+    let mut req = openai_responses::turn::read_request(&v)?;
     let keep = match kept {
-        Some(store) if v["store"] != false => {
-            Some(crate::kept::Keep { store: store.clone(), input, previous: continued })
+        Some((store, owner)) if v["store"] != false => {
+            let items = continued.as_ref().map_or(0, |(_, t)| t.count()) + fresh.len();
+            if items > crate::kept::MAX_ITEMS {
+                req.drop_note(format!(
+                    "stored state (a conversation over {} items is not kept)",
+                    crate::kept::MAX_ITEMS
+                ));
+                None
+            } else {
+                Some(crate::kept::Keep {
+                    store: store.clone(),
+                    owner: owner.clone(),
+                    previous: continued,
+                    input: fresh,
+                })
+            }
         }
         _ => None,
     };

@@ -65,6 +65,10 @@ pub struct LaneConfig {
     /// replaces the alias's; a request's `x-tidegate-deadline` may only
     /// shorten it.
     pub deadline: Option<Duration>,
+    /// Whose the conversations, pins and session bindings it makes are
+    /// (`key:<name>`, or `group:<group>` for keys of a `group`): what
+    /// another key's requests cannot see.
+    pub owner: std::sync::Arc<str>,
 }
 
 impl Default for LaneConfig {
@@ -75,6 +79,7 @@ impl Default for LaneConfig {
             priority: Priority::Interactive,
             models: Vec::new(),
             deadline: None,
+            owner: std::sync::Arc::from(""),
         }
     }
 }
@@ -142,6 +147,7 @@ pub fn defaults(raw: &RawClientDefaults, problems: &mut Vec<String>) -> LaneConf
             .unwrap_or(Priority::Interactive),
         models: Vec::new(),
         deadline: deadline("client_defaults.deadline", &raw.deadline, problems),
+        ..LaneConfig::default()
     }
 }
 
@@ -174,6 +180,14 @@ pub fn lane(
         priority: priority(&format!("{at}.priority"), raw.priority.as_deref(), problems).unwrap_or(defaults.priority),
         models,
         deadline: deadline(&format!("{at}.deadline"), &raw.deadline, problems).or(defaults.deadline),
+        owner: match raw.group.as_deref() {
+            Some(group) if group.trim().is_empty() => {
+                problems.push(format!("{at}.group: must not be empty (leave it out for a key of its own)"));
+                std::sync::Arc::from(format!("key:{}", raw.name))
+            }
+            Some(group) => std::sync::Arc::from(format!("group:{group}")),
+            None => std::sync::Arc::from(format!("key:{}", raw.name)),
+        },
     }
 }
 

@@ -214,6 +214,11 @@ pub struct RawClientKey {
     /// a chat app seconds); replaces the alias's.
     #[serde(default)]
     pub deadline: Option<String>,
+    /// Keys of one group share what tidegate keeps for them (Responses
+    /// conversations, pins, session bindings); a key without one sees
+    /// only its own.
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 /// Limits applied to every client key that does not set its own.

@@ -170,8 +170,8 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
     for (i, key) in client_keys.iter().enumerate() {
         if let Some(j) = client_keys[..i].iter().position(|k| k.name == key.name && k.lane != key.lane) {
             problems.push(format!(
-                "client_keys[{i}]: has the name of client_keys[{j}] but other limits (keys sharing a name share \
-                 one lane: give them the same limits, or different names)"
+                "client_keys[{i}]: has the name of client_keys[{j}] but other limits or group (keys sharing a \
+                 name share one lane: give them the same limits and group, or different names)"
             ));
         }
     }

@@ -97,6 +97,9 @@ pub struct Job {
     /// Its conversation and the target that holds its prompt cache, when
     /// the alias keeps sessions where they were (`affinity: session`).
     pub session: Option<Arc<crate::affinity::Session>>,
+    /// Whose what this request makes tidegate keep is (its key's, or its
+    /// group's; `None` without client keys).
+    pub owner: crate::kept::Owner,
 }
 
 /// The client's answer and how it came about.
@@ -527,7 +530,7 @@ impl<'a> Run<'a> {
         let index = self.targets.upstream(ti);
         if let Some(session) = &self.job.session {
             // The conversation's prompt is cached here now (renewed).
-            self.job.gw.sessions.remember(session.key.clone(), index);
+            self.job.gw.sessions.remember(&self.job.owner, &session.key, index);
         }
         self.attempts.push(AttemptLog { protocol: self.via, ..AttemptLog::ok(index) });
         let dropped = back.and_then(|b| b.dropped.clone());
@@ -540,7 +543,7 @@ impl<'a> Run<'a> {
                     && self.job.head.store != Some(false)
                     && let Some(id) = body.response_id()
                 {
-                    self.job.gw.pins.remember(id, index);
+                    self.job.gw.pins.remember(&self.job.owner, &id, index);
                 }
                 let mut relayed = self.stop(answer, Some(ti));
                 relayed.permit = Some(permit);

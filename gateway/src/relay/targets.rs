@@ -148,7 +148,7 @@ impl<'a> Targets<'a> {
             &job.body,
             self.model(i, job),
             job.head.stream,
-            Some(&self.gw.kept),
+            Some((&self.gw.kept, &job.owner)),
         )?;
         let sent = Sent { body: t.body.clone(), endpoint, back: Some(t.back.clone()) };
         self.translated.push((at, t));
