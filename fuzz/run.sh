@@ -12,7 +12,7 @@ if ! command -v cargo-fuzz >/dev/null; then
 fi
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build -O --sanitizer "${SANITIZER:-address}"
-for target in request_peek sse_scanner eventstream provider_answer config compressed_answer; do
+for target in request_peek sse_scanner eventstream provider_answer config compressed_answer translation; do
   mkdir -p "fuzz/corpus/$target"
   echo "== fuzz $target for ${secs}s"
   cargo fuzz run -O --sanitizer "${SANITIZER:-address}" "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
