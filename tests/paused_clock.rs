@@ -37,9 +37,13 @@ fn gateway(retry: &str, breaker: &str) -> Arc<Gateway> {
 
 fn job(gw: &Arc<Gateway>, deadline: Duration) -> Job {
     let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#);
+    job_for(gw, Endpoint::ChatCompletions, body, deadline)
+}
+
+fn job_for(gw: &Arc<Gateway>, endpoint: Endpoint, body: Bytes, deadline: Duration) -> Job {
     Job {
         gw: gw.clone(),
-        endpoint: Endpoint::ChatCompletions,
+        endpoint,
         route: tidegate::ids::RouteId::at(0),
         head: protocol::peek(&body).unwrap(),
         body,
@@ -121,4 +125,59 @@ async fn an_open_breaker_fails_fast_until_its_cooldown_ends() {
     tokio::time::advance(Duration::from_secs(1)).await;
     let (_, relayed) = relay::relay(job(&gw, Duration::from_secs(60))).await;
     assert_eq!(relayed.attempts.len(), 1, "the half-open probe");
+}
+
+/// An upstream in this runtime that answers `status` after `delay` (the
+/// paused clock's) and then never sends the body's end.
+async fn slow_body_upstream(status: u16, delay: Duration) -> String {
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || async move {
+            tokio::time::sleep(delay).await;
+            use futures_util::StreamExt as _;
+            let first = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(Bytes::from_static(b"{"))]);
+            let body = first.chain(futures_util::stream::pending());
+            axum::response::Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from_stream(body))
+                .unwrap()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/v1")
+}
+
+/// The deadline stays an `Instant` to the end: headers that come 20 s
+/// into a 25 s deadline leave their body 5 s, not another 25 (the budget
+/// was once turned into a `Duration` before sending and reused after the
+/// headers, for an error's body and a checked JSON answer alike).
+#[tokio::test(start_paused = true)]
+async fn a_body_read_after_the_headers_ends_at_the_deadline() {
+    for (status, endpoint, body, protocol) in [
+        (500, Endpoint::ChatCompletions, r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#, "openai"),
+        (
+            200,
+            Endpoint::Messages,
+            r#"{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#,
+            "openai-chat",
+        ),
+    ] {
+        let base = slow_body_upstream(status, Duration::from_secs(20)).await;
+        let yaml = format!(
+            "journal: off\ndefaults:\n  deadline: 60s\n  retry: {{ max_attempts: 1 }}\n\
+             upstreams:\n  - {{ name: slow, protocol: {protocol}, base_url: \"{base}\", header_timeout: 50s }}\n\
+             models:\n  m:\n    targets: [{{ upstream: slow }}]\n"
+        );
+        let gw = Arc::new(Gateway::new(Config::parse(&yaml, &|_| None).unwrap()).unwrap());
+        let started = Instant::now();
+        let (_, relayed) =
+            relay::relay(job_for(&gw, endpoint, Bytes::from_static(body.as_bytes()), Duration::from_secs(25))).await;
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_secs(20), "{status}: the headers came at 20 s: {elapsed:?}");
+        assert!(elapsed <= Duration::from_millis(25_100), "{status}: answered {elapsed:?} after a 25 s deadline");
+        assert_eq!(relayed.attempts.len(), 1, "{status}: {:?}", relayed.attempts);
+    }
 }

@@ -230,7 +230,7 @@ async fn attempts(job: &Job) -> Relayed {
         };
         // In a pool, the account that gave the slot.
         let picked = now;
-        let (ti, mut permit, now) = match run.acquire(ti, tokens, now).await {
+        let (ti, mut permit) = match run.acquire(ti, tokens, now).await {
             Ok(acquired) => acquired,
             Err(stop) => return stop,
         };
@@ -243,7 +243,7 @@ async fn attempts(job: &Job) -> Relayed {
         }
         let back = sent.back.clone();
         run.via = back.as_ref().map(|b| b.target.name());
-        let (outcome, buffered) = match run.send(ti, now, sent).await {
+        let (outcome, buffered) = match run.send(ti, sent).await {
             Attempt::Success(answer) => return run.succeed(ti, answer, permit, back.as_deref()),
             Attempt::Failure(outcome, buffered) => (outcome, buffered),
             // The deadline, not the upstream, ended it: nothing to learn
@@ -438,12 +438,7 @@ impl<'a> Run<'a> {
     /// for that account alone: it waits for every account of the pool that
     /// can serve at once (in each one's fair queue) and takes the first
     /// slot any of them frees; the target returned is that account's.
-    async fn acquire(
-        &mut self,
-        ti: TargetId,
-        tokens: u64,
-        now: Instant,
-    ) -> Result<(TargetId, Permit, Instant), Relayed> {
+    async fn acquire(&mut self, ti: TargetId, tokens: u64, now: Instant) -> Result<(TargetId, Permit), Relayed> {
         let gw = &self.job.gw;
         self.job.progress.attempt(self.targets.upstream(ti));
         let alone = self.targets.has_room(ti) || self.targets.staying(ti);
@@ -496,9 +491,8 @@ impl<'a> Run<'a> {
         }
         match acquired {
             Ok(permit) => {
-                let acquired_at = Instant::now();
-                self.queue_wait += acquired_at.saturating_duration_since(now);
-                Ok((ti, permit, acquired_at))
+                self.queue_wait += Instant::now().saturating_duration_since(now);
+                Ok((ti, permit))
             }
             Err(refused) => {
                 let error = answer::refused(upstream, refused, self.attempts.len(), self.started.elapsed());
@@ -508,11 +502,10 @@ impl<'a> Run<'a> {
     }
 
     /// Send and classify: one attempt on target `ti`.
-    async fn send(&mut self, ti: TargetId, now: Instant, sent: Sent) -> Attempt {
-        let remaining = self.job.deadline.saturating_duration_since(now);
+    async fn send(&mut self, ti: TargetId, sent: Sent) -> Attempt {
         let index = self.targets.upstream(ti);
         let model = self.targets.model(ti, self.job);
-        attempt(self.job, index, &self.job.gw.upstreams[index], (sent, model), remaining).await
+        attempt(self.job, index, &self.job.gw.upstreams[index], (sent, model)).await
     }
 
     /// The attempt succeeded: its answer goes to the client, holding the
@@ -680,16 +673,13 @@ fn first_slot(mut waits: Vec<Acquiring<'_>>) -> impl Future<Output = (usize, Res
 }
 
 /// One attempt: send, and turn whatever came back into an answer or a
-/// classified failure.
-async fn attempt(
-    job: &Job,
-    index: UpstreamId,
-    upstream: &Upstream,
-    sent: (Sent, &str),
-    remaining: Duration,
-) -> Attempt {
+/// classified failure. Every wait in it answers to the request's
+/// deadline, an `Instant` to the end: a body read after the headers gets
+/// what is left of it, not a budget computed before they came.
+async fn attempt(job: &Job, index: UpstreamId, upstream: &Upstream, sent: (Sent, &str)) -> Attempt {
     let (Sent { body, endpoint, back }, model) = sent;
-    let timeout = upstream.config.header_timeout.min(remaining);
+    let deadline = job.deadline;
+    let timeout = upstream.config.header_timeout.min(deadline.saturating_duration_since(Instant::now()));
     let rules = &upstream.config.rules;
     let now = jiff::Timestamp::now;
     // The request is built in a block so that it is not also kept in this
@@ -731,7 +721,7 @@ async fn attempt(
         return Attempt::Failure(classify::classify_odd(status.as_u16(), &odd), None);
     }
     if !status.is_success() {
-        let (mut parts, bytes) = read_error(resp, remaining).await;
+        let (mut parts, bytes) = read_error(resp, deadline).await;
         let mut bytes = upstream.error_body(&mut parts, bytes);
         let outcome = classify::classify(parts.status, &parts.headers, &bytes, rules, now());
         if let Some(back) = &back {
@@ -754,7 +744,7 @@ async fn attempt(
             let body = RelayBody::raw(incoming, json, idle, protocol, name);
             return Attempt::Success(Answer::Stream(parts, Box::new(body)));
         }
-        let read = tokio::time::timeout(remaining, Limited::new(incoming, MAX_CHECKED_ANSWER).collect()).await;
+        let read = tokio::time::timeout_at(deadline, Limited::new(incoming, MAX_CHECKED_ANSWER).collect()).await;
         let bytes = match read {
             Ok(Ok(collected)) => collected.to_bytes(),
             Ok(Err(err)) => {
@@ -895,7 +885,7 @@ fn is_sse(headers: &HeaderMap) -> bool {
 /// so it can be classified and read.
 async fn read_error(
     resp: http::Response<crate::upstream::UpstreamBody>,
-    limit: Duration,
+    deadline: Instant,
 ) -> (http::response::Parts, Bytes) {
     let (mut parts, mut incoming) = resp.into_parts();
     let mut kept = bytes::BytesMut::new();
@@ -910,7 +900,7 @@ async fn read_error(
             }
         }
     };
-    let _ = tokio::time::timeout(limit, read).await;
+    let _ = tokio::time::timeout_at(deadline, read).await;
     let mut bytes = kept.freeze();
     if let Some(plain) = json_end::decoded(&parts.headers, &bytes, MAX_ERROR_BODY) {
         bytes = Bytes::from(plain);
