@@ -1,34 +1,40 @@
 //! tidegate: an LLM gateway that makes provider capacity errors invisible
 //! and real errors immediate.
 //!
-//! A request's path through the code, one module per box:
+//! A request's path through the code, one module per box (the same
+//! hallway, file by file, is `ARCHITECTURE.md` at the repository's root):
 //!
 //! ```text
 //! client ──► server    model endpoints straight to their handler (`Front`),
-//!                      the rest via the route table; auth (constant time),
-//!                      size limit, keep raw bytes
-//!        ──► protocol  the endpoint's wire protocol: read `model`, `stream`
-//!                      and routing fields only; splice a renamed model
-//!        ──► config    alias or pattern → ordered equivalent targets
-//!        ──► lanes     the client key's own limits, weight and priority:
-//!                      wait in its lane when it is at them
+//!                      the rest via the route table; admission: the client
+//!                      key (constant time), the size limit, raw bytes kept
+//!        ──► exchange  the request's one owner, made at arrival: it starts
+//!                      every run of the attempt loop and reports it once
+//!        ──► route     `protocol` reads `model`, `stream` and the routing
+//!                      fields; `config` gives the alias or pattern's targets;
+//!                      the deadline, priority, the pin of stored state
+//!                      (`pins`, `kept`), the key's `lanes` → a `relay::Job`
 //!        ──► relay     the attempt loop: pick target → acquire → send →
 //!                      classify → feed back → decide (gateway: shared state)
-//!        ──► translate only for a target of another protocol: the body
-//!                      through `protocol::turn` (read client, write
-//!                      target), and the answer, stream or error back
 //!        ──► health    cooldowns and circuit breakers (which target)
 //!        ──► limits    per-upstream queue (priority, then weighted fair
 //!                      between keys), concurrency slots, rate buckets
 //!                      (shared: the same as leases in Redis, for replicas)
-//!        ──► classify  what an answer means; retry: what to do about it
+//!        ──► translate only for a target of another protocol: the body
+//!                      through `protocol::turn` (read client, write
+//!                      target), and the answer, stream or error back
 //!        ──► upstream  per-provider client: auth, headers, timeouts; its own
 //!                      connection pool over hyper's connection API
+//!        ──► classify  what an answer means (`secrets` scrubs provider text
+//!                      first); retry: what to do about it
 //!        ──► stream    body relayed by whole events (a burst in one write),
 //!                      idle timeout, owns the upstream slot until the last
 //!                      byte; asks `protocol` what each event is
 //!        ──► error     what tidegate answers itself, in the client's shape
 //! ```
+//!
+//! Four wire protocols (OpenAI chat completions, the Responses API,
+//! Anthropic messages, Gemini), each one module under `protocol/`.
 //!
 //! Beside the path: `record` is the per-request vocabulary (outcome,
 //! attempts, verdicts, usage) everything below the relay shares; `report`

@@ -13,7 +13,8 @@
 //! refused with the field named ([`request`] → `Err`); what is left out is
 //! declared ([`Back::dropped`]). Targets are reached over chat
 //! completions or Anthropic messages (every OpenAI-compatible upstream
-//! serves chat completions); clients may speak any of the three.
+//! serves chat completions) or Gemini; clients may speak any of the four
+//! protocols (chat, Responses, Anthropic, Gemini).
 
 use std::sync::Arc;
 

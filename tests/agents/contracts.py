@@ -1,4 +1,4 @@
-"""What each real coding agent does with tidegate's final answers (README:
+"""What each real coding agent does with tidegate's final answers (docs/src/giving-up.md and coding-agents.md:
 "When tidegate gives up"), through one tidegate in front of one simulator
 whose model names pick the fault:
 

@@ -1,4 +1,4 @@
-"""Real coding agents through tidegate, as the README's "Coding agents"
+"""Real coding agents through tidegate, as the manual's "Coding agents"
 section sets them up: OpenAI Codex CLI (`codex exec`, Responses API),
 Claude Code (`claude -p`, Anthropic messages) and Gemini CLI (`gemini -p`,
 the Gemini API: against `tidegate simulate --scenario gemini`, straight and
@@ -16,8 +16,8 @@ first attempt's 429 3009 is retried). The request bodies the agents sent
 are kept in target/agents/corpus (the conformance corpus's source,
 tests/fixtures/corpus).
 The agents come from npm (`@openai/codex`, `@anthropic-ai/claude-code`,
-installed once under target/agents); the README's Codex provider block is
-read from the README itself, so the documented setup is what runs.
+installed once under target/agents); the manual's Codex provider block is
+read from the manual itself (docs/src/coding-agents.md), so the documented setup is what runs.
 
 Usage: python tests/agents/run.py path/to/tidegate
 """
@@ -51,26 +51,26 @@ def install():
 
 
 def readme_gemini_settings():
-    """The README's ~/.gemini/settings.json for Gemini CLI."""
+    """The manual's ~/.gemini/settings.json for Gemini CLI."""
     block = re.search(r"```json\n(\{.*?)```", readme_section(), re.S).group(1)
     assert "gemini-api-key" in block, block
     return block
 
 
 def readme_section():
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    return text.split("## Coding agents", 1)[1].split("\n## ", 1)[0]
+    """The manual's "Coding agents" page (docs/src/coding-agents.md)."""
+    return open(os.path.join(ROOT, "docs", "src", "coding-agents.md"), encoding="utf-8").read()
 
 
 def codex_config(base_url):
-    """The README's ~/.codex/config.toml, pointed at `base_url`."""
+    """The manual's ~/.codex/config.toml, pointed at `base_url`."""
     block = re.search(r"```toml\n(.*?)```", readme_section(), re.S).group(1)
     assert "wire_api = \"responses\"" in block, block
     return block.replace("http://127.0.0.1:8787/v1", base_url)
 
 
 def claude_env():
-    """The variables the README's Claude Code line sets."""
+    """The variables the manual's Claude Code line sets."""
     line = next(l for l in readme_section().splitlines() if l.startswith("ANTHROPIC_BASE_URL="))
     return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
 
