@@ -115,11 +115,12 @@ fn the_book_and_the_readme_hold_together() {
     for page in &pages {
         assert!(named.contains(page), "docs/src/{page} is not in SUMMARY.md");
     }
-    for (file, dir) in [("README.md", ""), ("ARCHITECTURE.md", ""), ("bench/README.md", "bench/"), ("bench/HISTORY.md", "bench/")]
-        .into_iter()
-        .map(|(f, d)| (f.to_owned(), d.to_owned()))
-        .chain(pages.iter().map(|p| (format!("docs/src/{p}"), "docs/src/".to_owned())))
-        .chain([("docs/src/SUMMARY.md".to_owned(), "docs/src/".to_owned())])
+    for (file, dir) in
+        [("README.md", ""), ("ARCHITECTURE.md", ""), ("bench/README.md", "bench/"), ("bench/HISTORY.md", "bench/")]
+            .into_iter()
+            .map(|(f, d)| (f.to_owned(), d.to_owned()))
+            .chain(pages.iter().map(|p| (format!("docs/src/{p}"), "docs/src/".to_owned())))
+            .chain([("docs/src/SUMMARY.md".to_owned(), "docs/src/".to_owned())])
     {
         for link in links(&read(&file)) {
             let path = format!("{root}/{dir}{link}");
