@@ -31,7 +31,7 @@ impl Default for AnomalyConfig {
 
 /// What one request's arrival means.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Verdict {
+pub enum Volume {
     /// Within the client's usual volume (or no baseline yet).
     Normal,
     /// Far above it; `first` for the first flagged request of the window.
@@ -67,8 +67,8 @@ impl Anomaly {
     }
 
     /// Counts one request of `client` arriving at `now`.
-    pub fn observe(&self, client: &str, now: Instant) -> Verdict {
-        let Ok(mut clients) = self.clients.lock() else { return Verdict::Normal };
+    pub fn observe(&self, client: &str, now: Instant) -> Volume {
+        let Ok(mut clients) = self.clients.lock() else { return Volume::Normal };
         // One lookup for a client seen before (every request but its first).
         if let Some(t) = clients.get_mut(client) {
             return self.count(t, now);
@@ -79,7 +79,7 @@ impl Anomaly {
     }
 
     /// Counts one request of a client's track at `now`.
-    fn count(&self, t: &mut Track, now: Instant) -> Verdict {
+    fn count(&self, t: &mut Track, now: Instant) -> Volume {
         let window = self.config.window.max(Duration::from_millis(1));
         let elapsed = now.saturating_duration_since(t.start);
         if elapsed >= window {
@@ -97,13 +97,13 @@ impl Anomaly {
             t.start += window * windows;
         }
         t.count += 1;
-        let Some(baseline) = t.baseline else { return Verdict::Normal };
+        let Some(baseline) = t.baseline else { return Volume::Normal };
         if t.count >= self.config.min_requests && t.count as f64 > self.config.factor * baseline.max(1.0) {
             let first = !t.flagged;
             t.flagged = true;
-            return Verdict::Flood { first, count: t.count, baseline };
+            return Volume::Flood { first, count: t.count, baseline };
         }
-        Verdict::Normal
+        Volume::Normal
     }
 }
 
@@ -122,24 +122,24 @@ mod tests {
         let minute = Duration::from_secs(60);
         for w in 0..5u32 {
             for i in 0..5u32 {
-                assert_eq!(a.observe("alice", t0 + minute * w + Duration::from_secs(u64::from(i))), Verdict::Normal);
+                assert_eq!(a.observe("alice", t0 + minute * w + Duration::from_secs(u64::from(i))), Volume::Normal);
             }
         }
         // 160× the usual: flagged once the volume and the factor are passed.
         let flood_at = t0 + minute * 5;
-        let verdicts: Vec<Verdict> = (0..800).map(|_| a.observe("alice", flood_at)).collect();
-        let firsts = verdicts.iter().filter(|v| matches!(v, Verdict::Flood { first: true, .. })).count();
-        let flagged = verdicts.iter().filter(|v| matches!(v, Verdict::Flood { .. })).count();
+        let verdicts: Vec<Volume> = (0..800).map(|_| a.observe("alice", flood_at)).collect();
+        let firsts = verdicts.iter().filter(|v| matches!(v, Volume::Flood { first: true, .. })).count();
+        let flagged = verdicts.iter().filter(|v| matches!(v, Volume::Flood { .. })).count();
         assert_eq!(firsts, 1);
         assert_eq!(flagged, 800 - 100, "flagged from the 101st request (20 × baseline 5)");
         // Another client is not affected.
-        assert_eq!(a.observe("bob", flood_at), Verdict::Normal);
+        assert_eq!(a.observe("bob", flood_at), Volume::Normal);
     }
 
     #[test]
     fn no_baseline_no_flag() {
         let a = Anomaly::new(cfg());
         let t0 = Instant::now();
-        assert!((0..1000).all(|_| a.observe("new", t0) == Verdict::Normal));
+        assert!((0..1000).all(|_| a.observe("new", t0) == Volume::Normal));
     }
 }

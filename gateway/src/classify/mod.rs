@@ -1,5 +1,5 @@
 //! What an upstream answer means: a pure function from (status, headers,
-//! body) or a transport failure to an [`Outcome`] — a class, the hints it
+//! body) or a transport failure to a [`Classified`] value — a class, the hints it
 //! carried, and one line of what the provider said.
 //!
 //! Built-in knowledge is protocol-level and generic (status codes, the
@@ -74,7 +74,7 @@ pub enum TransportFailure {
 
 /// What one attempt's answer means.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
+pub struct Classified {
     /// The class after rules.
     pub class: Class,
     /// Upstream status, if an HTTP answer arrived.
@@ -114,7 +114,7 @@ const ENTITLEMENT_WORDS: &[&str] = &["insufficient_quota", "billing", "credit ba
 
 /// Classifies an HTTP answer. `body` is the (bounded) error body; `now` is
 /// used for date-valued hints.
-pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8], rules: &Rules, now: Timestamp) -> Outcome {
+pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8], rules: &Rules, now: Timestamp) -> Classified {
     let text = String::from_utf8_lossy(body);
     let lower = text.to_ascii_lowercase();
     let mut hints = hints::from_headers(headers, now);
@@ -160,7 +160,7 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8], rules: &Ru
         Some(_) => Class::Capacity,
         None => builtin,
     };
-    Outcome {
+    Classified {
         class,
         status: Some(status.as_u16()),
         hints,
@@ -172,12 +172,12 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8], rules: &Ru
 }
 
 /// Classifies a failure that produced no HTTP answer: always transient.
-pub fn classify_transport(failure: &TransportFailure) -> Outcome {
+pub fn classify_transport(failure: &TransportFailure) -> Classified {
     let summary = match failure {
         TransportFailure::Connection(s) => format!("connection failed: {s}"),
         TransportFailure::Timeout(s) => format!("timed out: {s}"),
     };
-    Outcome {
+    Classified {
         class: Class::Transient,
         status: None,
         hints: Hints::default(),
@@ -191,8 +191,8 @@ pub fn classify_transport(failure: &TransportFailure) -> Outcome {
 /// No credentials to send a request with (a cloud token that could not be
 /// had, a signature that could not be made): auth, so this upstream is
 /// left for the rest of the request and its breaker counts it.
-pub fn classify_credentials(detail: &str) -> Outcome {
-    Outcome {
+pub fn classify_credentials(detail: &str) -> Classified {
+    Classified {
         class: Class::Auth,
         status: None,
         hints: Hints::default(),
@@ -207,8 +207,8 @@ pub fn classify_credentials(detail: &str) -> Outcome {
 /// unasked-for compression under 2xx. Transient: a wrong `base_url`, a
 /// captive portal or a misbehaving proxy may be gone on the next attempt
 /// or target; it is never relayed as the model's answer.
-pub fn classify_odd(status: u16, what: &str) -> Outcome {
-    Outcome {
+pub fn classify_odd(status: u16, what: &str) -> Classified {
+    Classified {
         class: Class::Transient,
         status: Some(status),
         hints: Hints::default(),

@@ -280,7 +280,7 @@ pub struct Reply {
     /// Why it stopped.
     pub stop: Stop,
     /// Tokens.
-    pub usage: Usage,
+    pub usage: Tokens,
 }
 
 /// Why an answer stopped.
@@ -299,9 +299,11 @@ pub enum Stop {
     Filtered,
 }
 
-/// Token counts of an answer.
+/// Token counts of an answer, as translation carries them (every count a
+/// protocol can say; [`crate::record::Usage`] is what the journal and
+/// the metrics keep of them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
+pub struct Tokens {
     /// Input tokens, cached ones included.
     pub input: u64,
     /// Output tokens, reasoning included.
@@ -314,12 +316,12 @@ pub struct Usage {
     pub reasoning: u64,
 }
 
-impl Usage {
-    /// Takes in a later count (a stream's [`Delta::Usage`]): field by
+impl Tokens {
+    /// Takes in a later count (a stream's [`Delta::Tokens`]): field by
     /// field, a count it has replaces the one held, a zero leaves it.
-    pub fn merge(&mut self, newer: Usage) {
+    pub fn merge(&mut self, newer: Tokens) {
         let take = |new: u64, old: u64| if new > 0 { new } else { old };
-        *self = Usage {
+        *self = Tokens {
             input: take(newer.input, self.input),
             output: take(newer.output, self.output),
             cached: take(newer.cached, self.cached),
@@ -405,7 +407,7 @@ pub enum Delta {
         args: String,
     },
     /// Token counts so far (the last one wins, field by field).
-    Usage(Usage),
+    Tokens(Tokens),
     /// Why it stopped.
     Stop(Stop),
     /// The stream's proper end.

@@ -10,7 +10,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::StatusCode;
 
-use crate::classify::{Class, Outcome};
+use crate::classify::{Class, Classified};
 use crate::client::{Advice, Client};
 use crate::error::GatewayError;
 use crate::headers::strip_hop_by_hop;
@@ -219,8 +219,8 @@ impl<'a> Context<'a> {
 /// The reason for a request that was never sent: the provider had asked
 /// (in an answer to an earlier request, possibly on another replica) for
 /// nothing before a time beyond this request's deadline.
-pub(super) fn held_off() -> Outcome {
-    Outcome {
+pub(super) fn held_off() -> Classified {
+    Classified {
         class: Class::Capacity,
         status: Some(429),
         hints: crate::classify::Hints::default(),
@@ -234,7 +234,7 @@ pub(super) fn held_off() -> Outcome {
 /// The reason for a request that found every target left benched: each
 /// one's name and the answer that benched it, and the earliest reset a
 /// provider projected.
-pub(super) fn benched(gw: &crate::gateway::Gateway, benched: &[(crate::ids::UpstreamId, Benched)]) -> Outcome {
+pub(super) fn benched(gw: &crate::gateway::Gateway, benched: &[(crate::ids::UpstreamId, Benched)]) -> Classified {
     let all_capacity = benched.iter().all(|(_, b)| b.class == Class::Capacity);
     let class = benched.first().map_or(Class::Entitlement, |(_, b)| b.class);
     let each = benched
@@ -245,7 +245,7 @@ pub(super) fn benched(gw: &crate::gateway::Gateway, benched: &[(crate::ids::Upst
         })
         .collect::<Vec<_>>()
         .join("; ");
-    Outcome {
+    Classified {
         class,
         status: all_capacity.then_some(429),
         hints: crate::classify::Hints {
@@ -259,8 +259,8 @@ pub(super) fn benched(gw: &crate::gateway::Gateway, benched: &[(crate::ids::Upst
     }
 }
 
-pub(super) fn breakers_open() -> Outcome {
-    Outcome {
+pub(super) fn breakers_open() -> Classified {
+    Classified {
         class: Class::Transient,
         status: None,
         hints: crate::classify::Hints::default(),
@@ -276,7 +276,7 @@ pub(super) fn breakers_open() -> Outcome {
 pub(super) fn give_up(
     ctx: &Context<'_>,
     why: GiveUp,
-    outcome: &Outcome,
+    outcome: &Classified,
     answer: Option<(http::response::Parts, Bytes)>,
 ) -> Answer {
     let verbatim = match why {
@@ -294,7 +294,7 @@ pub(super) fn give_up(
     Answer::Gateway(tidegate_answer(ctx, why, outcome))
 }
 
-fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Outcome) -> GatewayError {
+fn tidegate_answer(ctx: &Context<'_>, why: GiveUp, outcome: &Classified) -> GatewayError {
     let name = &ctx.upstream.config.name;
     let timed_out = outcome.status.is_none() && outcome.summary.starts_with("timed out");
     let (status, kind, state) = match outcome.class {

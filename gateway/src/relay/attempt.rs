@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::Job;
 use super::answer::Answer;
 use super::targets::Sent;
-use crate::classify::{self, Outcome, TransportFailure};
+use crate::classify::{self, Classified, TransportFailure};
 use crate::headers;
 use crate::ids::UpstreamId;
 use crate::protocol;
@@ -41,10 +41,10 @@ pub(super) enum Attempt {
     Success(Answer),
     /// A failure to classify: its outcome and, for an HTTP answer, the
     /// buffered answer to return verbatim if it is final.
-    Failure(Outcome, Option<(http::response::Parts, Bytes)>),
+    Failure(Classified, Option<(http::response::Parts, Bytes)>),
     /// The request's deadline ended the attempt while the upstream was
     /// still working: not the upstream's failure.
-    Ended(Outcome),
+    Ended(Classified),
 }
 
 /// One attempt: send, and turn whatever came back into an answer or a

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 pub use answer::Answer;
 
-use crate::classify::{Class, Outcome};
+use crate::classify::{Class, Classified};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::ids::{RouteId, TargetId, UpstreamId};
@@ -304,7 +304,7 @@ struct Run<'a> {
     attempts: Vec<AttemptLog>,
     queue_wait: Duration,
     /// The last failure and its target, for a give-up before any attempt.
-    last: Option<(Outcome, TargetId)>,
+    last: Option<(Classified, TargetId)>,
     /// Why the last target left out for its protocol could not take the
     /// request: the answer when no target could.
     refused: Option<String>,
@@ -528,7 +528,7 @@ impl<'a> Run<'a> {
     /// Feed back: the one place a failed attempt's outcome reaches the
     /// upstream's health, its learned limit, the other replicas and this
     /// request's view of its targets.
-    fn feed_back(&mut self, ti: TargetId, outcome: &Outcome) {
+    fn feed_back(&mut self, ti: TargetId, outcome: &Classified) {
         let index = self.targets.upstream(ti);
         let gw = &self.job.gw;
         let upstream = &gw.upstreams[index];
@@ -556,7 +556,7 @@ impl<'a> Run<'a> {
 
     /// Decide: the retry policy's verdict on this failure (pure; the
     /// situation is gathered here).
-    fn decide(&self, ti: TargetId, outcome: &Outcome) -> Decision {
+    fn decide(&self, ti: TargetId, outcome: &Classified) -> Decision {
         let upstream = self.upstream(ti);
         let now = Instant::now();
         retry::decide(&Situation {
@@ -575,7 +575,7 @@ impl<'a> Run<'a> {
     }
 
     /// Records the failed attempt and what was decided about it.
-    fn log(&mut self, ti: TargetId, outcome: &Outcome, decision: &Decision) {
+    fn log(&mut self, ti: TargetId, outcome: &Classified, decision: &Decision) {
         let fatal = outcome.rule.as_ref().is_some_and(|r| r.fatal);
         let (verdict, wait) = match decision {
             Decision::Retry { wait, .. } => (Verdict::RetrySame, Some(*wait)),
@@ -601,7 +601,7 @@ impl<'a> Run<'a> {
         &mut self,
         ti: TargetId,
         why: GiveUp,
-        outcome: &Outcome,
+        outcome: &Classified,
         buffered: Option<(http::response::Parts, Bytes)>,
     ) -> Relayed {
         let ctx = answer::Context::new(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 pub use budget::RetryBudget;
 
-use crate::classify::{Class, Outcome};
+use crate::classify::{Class, Classified};
 use crate::record::WaitSource;
 
 /// Request-wide retry settings (`defaults.retry`).
@@ -33,7 +33,7 @@ impl Default for Policy {
 #[derive(Debug, Clone)]
 pub struct Situation<'a> {
     /// What the last attempt's answer meant.
-    pub outcome: &'a Outcome,
+    pub outcome: &'a Classified,
     /// Attempts made so far on every target, the last one included.
     pub attempts: u32,
     /// Attempts made on the last attempt's target, the last one included:

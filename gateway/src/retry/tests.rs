@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use super::*;
-use crate::classify::{Hints, Outcome, Rule, RuleMatch, Rules};
+use crate::classify::{Classified, Hints, Rule, RuleMatch, Rules};
 use crate::record::WaitSource;
 
-fn outcome(class: Class) -> Outcome {
-    Outcome {
+fn outcome(class: Class) -> Classified {
+    Classified {
         class,
         status: Some(429),
         hints: Hints::default(),
@@ -20,7 +20,7 @@ fn outcome(class: Class) -> Outcome {
     }
 }
 
-fn situation<'a>(o: &'a Outcome, p: &'a Policy, attempts: u32) -> Situation<'a> {
+fn situation<'a>(o: &'a Classified, p: &'a Policy, attempts: u32) -> Situation<'a> {
     Situation {
         outcome: o,
         attempts,

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::auth::{GOOG_API_KEY, authenticate, key_from_query, local_only};
 use super::body;
-use crate::anomaly::Verdict;
+use crate::anomaly::Volume;
 use crate::error::GatewayError;
 use crate::exchange::body::ExchangeBody;
 use crate::exchange::{Exchange, Running};
@@ -173,7 +173,7 @@ pub(super) fn proxy(
                 Ok(route::Routed::Estimate(tokens)) => return exchange.estimate(tokens, protocol),
                 Err(error) => return exchange.reject(error, protocol),
             };
-            if let Verdict::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {
+            if let Volume::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {
                 exchange.record().anomaly = true;
                 let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
                 if let (true, Some(lane)) = (penalised, &job.lane) {

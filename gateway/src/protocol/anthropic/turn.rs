@@ -24,7 +24,7 @@ use crate::protocol::events::sse_event;
 use crate::protocol::json::{Arr, Obj, put_str, put_u64};
 use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
-    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
+    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
 };
 use crate::protocol::{ErrorKind, Protocol};
 
@@ -589,10 +589,10 @@ fn stop_reason(stop: &Stop) -> (&'static str, Value) {
     }
 }
 
-fn usage_of(u: &Value) -> Usage {
+fn usage_of(u: &Value) -> Tokens {
     let cached = u["cache_read_input_tokens"].as_u64().unwrap_or(0);
     let written = u["cache_creation_input_tokens"].as_u64().unwrap_or(0);
-    Usage {
+    Tokens {
         input: u["input_tokens"].as_u64().unwrap_or(0) + cached + written,
         output: u["output_tokens"].as_u64().unwrap_or(0),
         cached,
@@ -601,7 +601,7 @@ fn usage_of(u: &Value) -> Usage {
     }
 }
 
-fn usage_value(u: &Usage) -> Value {
+fn usage_value(u: &Tokens) -> Value {
     json!({"input_tokens": u.input.saturating_sub(u.cached + u.cache_written), "output_tokens": u.output,
         "cache_read_input_tokens": u.cached, "cache_creation_input_tokens": u.cache_written})
 }
@@ -713,7 +713,7 @@ impl Reader {
                     id: m["id"].as_str().unwrap_or_default().to_owned(),
                     model: m["model"].as_str().unwrap_or_default().to_owned(),
                 });
-                out.push(Delta::Usage(usage_of(&m["usage"])));
+                out.push(Delta::Tokens(usage_of(&m["usage"])));
             }
             "content_block_start" => {
                 let index = v["index"].as_u64().unwrap_or(0) as u32;
@@ -762,7 +762,7 @@ impl Reader {
                     out.push(Delta::Stop(stop_of(reason, v["delta"]["stop_sequence"].as_str())));
                 }
                 if v["usage"].is_object() {
-                    out.push(Delta::Usage(usage_of(&v["usage"])));
+                    out.push(Delta::Tokens(usage_of(&v["usage"])));
                 }
             }
             "message_stop" => out.push(Delta::Done),
@@ -795,7 +795,7 @@ pub struct Writer {
     next: u32,
     /// Tool calls, reassembled.
     calls: Calls,
-    usage: Usage,
+    usage: Tokens,
     stop: Option<Stop>,
     done: bool,
 }
@@ -811,7 +811,7 @@ impl Writer {
             open: Open::None,
             next: 0,
             calls: Calls::default(),
-            usage: Usage::default(),
+            usage: Tokens::default(),
             stop: None,
             done: false,
         }
@@ -906,7 +906,7 @@ impl Writer {
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
             Delta::ToolCall { index, id, name } => self.calls.open(index, id, name),
             Delta::ToolArgs { index, args } => self.calls.args(index, &args),
-            Delta::Usage(u) => self.usage.merge(u),
+            Delta::Tokens(u) => self.usage.merge(u),
             Delta::Stop(stop) => self.stop = Some(stop),
             Delta::Done => self.finish(out),
             Delta::Error { status, message } => self.fail(crate::protocol::kind_of_status(status), &message, out),

@@ -13,7 +13,7 @@ use bytes::{BufMut, BytesMut};
 use serde_json::{Map, Value, json};
 
 use super::super::turn::{
-    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
+    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
 };
 use super::super::{ErrorKind, Protocol};
 use super::UsageIn;
@@ -417,11 +417,11 @@ fn finish_reason(stop: &Stop) -> &'static str {
     }
 }
 
-fn usage_of(v: &Value) -> Usage {
+fn usage_of(v: &Value) -> Tokens {
     // Read from the tree in place (a `Value` deserializes by reference).
-    let Ok(u) = <UsageIn as serde::Deserialize>::deserialize(v) else { return Usage::default() };
+    let Ok(u) = <UsageIn as serde::Deserialize>::deserialize(v) else { return Tokens::default() };
     let thoughts = u.thoughts.unwrap_or(0);
-    Usage {
+    Tokens {
         input: u.prompt.unwrap_or(0),
         output: u.candidates.unwrap_or(0) + thoughts,
         cached: u.cached.unwrap_or(0),
@@ -430,7 +430,7 @@ fn usage_of(v: &Value) -> Usage {
     }
 }
 
-fn usage_value(u: &Usage) -> Value {
+fn usage_value(u: &Tokens) -> Value {
     let candidates = u.output.saturating_sub(u.reasoning);
     let mut v = json!({"promptTokenCount": u.input, "candidatesTokenCount": candidates,
         "totalTokenCount": u.input + u.output});
@@ -573,7 +573,7 @@ impl Reader {
             }
         }
         if v.get("usageMetadata").is_some() {
-            out.push(Delta::Usage(usage_of(&v["usageMetadata"])));
+            out.push(Delta::Tokens(usage_of(&v["usageMetadata"])));
         }
         if let Some(reason) = candidate.and_then(|c| c["finishReason"].as_str()) {
             out.push(Delta::Stop(stop_of(reason, tools || self.calls > 0)));
@@ -591,7 +591,7 @@ pub struct Writer {
     id: String,
     model: String,
     calls: Calls,
-    usage: Usage,
+    usage: Tokens,
     stop: Option<Stop>,
     done: bool,
 }
@@ -604,7 +604,7 @@ impl Writer {
             id: String::new(),
             model: String::new(),
             calls: Calls::default(),
-            usage: Usage::default(),
+            usage: Tokens::default(),
             stop: None,
             done: false,
         }
@@ -643,7 +643,7 @@ impl Writer {
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
             Delta::ToolCall { index, id, name } => self.calls.open(index, id, name),
             Delta::ToolArgs { index, args } => self.calls.args(index, &args),
-            Delta::Usage(u) => self.usage.merge(u),
+            Delta::Tokens(u) => self.usage.merge(u),
             Delta::Stop(stop) => self.stop = Some(stop),
             Delta::Done => self.finish(out),
             Delta::Error { status, message } => self.fail(crate::protocol::kind_of_status(status), &message, out),

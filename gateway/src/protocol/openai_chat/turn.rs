@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{Arr, Obj, put_str, put_u64};
 use crate::protocol::turn::{
-    Delta, Image, Message, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
+    Delta, Image, Message, Part, Reasoning, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
     custom_tool_schema,
 };
 use crate::protocol::{ErrorKind, Protocol};
@@ -413,8 +413,8 @@ fn finish_reason(stop: &Stop) -> &'static str {
     }
 }
 
-fn usage_of(u: &Value) -> Usage {
-    Usage {
+fn usage_of(u: &Value) -> Tokens {
+    Tokens {
         input: u["prompt_tokens"].as_u64().unwrap_or(0),
         output: u["completion_tokens"].as_u64().unwrap_or(0),
         cached: u["prompt_tokens_details"]["cached_tokens"]
@@ -426,7 +426,7 @@ fn usage_of(u: &Value) -> Usage {
     }
 }
 
-fn usage_value(u: &Usage) -> Value {
+fn usage_value(u: &Tokens) -> Value {
     json!({"prompt_tokens": u.input, "completion_tokens": u.output, "total_tokens": u.input + u.output,
         "prompt_tokens_details": {"cached_tokens": u.cached},
         "completion_tokens_details": {"reasoning_tokens": u.reasoning}})
@@ -610,7 +610,7 @@ impl Reader {
             }
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            out.push(Delta::Usage(usage_of(u)));
+            out.push(Delta::Tokens(usage_of(u)));
         }
     }
 }
@@ -698,8 +698,8 @@ struct ReasoningIn {
 }
 
 impl UsageIn {
-    fn usage(self) -> Usage {
-        Usage {
+    fn usage(self) -> Tokens {
+        Tokens {
             input: self.prompt_tokens.unwrap_or(0),
             output: self.completion_tokens.unwrap_or(0),
             cached: self
@@ -754,7 +754,7 @@ impl Reader {
             }
         }
         if let Some(u) = chunk.usage {
-            out.push(Delta::Usage(u.usage()));
+            out.push(Delta::Tokens(u.usage()));
         }
     }
 }
@@ -772,7 +772,7 @@ pub struct Writer {
     started: bool,
     /// Provider call index → the client's (in order of appearance).
     calls: Vec<u32>,
-    usage: Option<Usage>,
+    usage: Option<Tokens>,
     stop: Option<Stop>,
     done: bool,
 }
@@ -856,7 +856,7 @@ impl Writer {
                 let Some(at) = self.calls.iter().position(|i| *i == index) else { return };
                 self.chunk(json!({"tool_calls": [{"index": at, "function": {"arguments": args}}]}), None, out);
             }
-            Delta::Usage(u) => self.usage = Some(u),
+            Delta::Tokens(u) => self.usage = Some(u),
             Delta::Stop(stop) => self.stop = Some(stop),
             Delta::Done => self.finish(out),
             Delta::Error { status, message } => {

@@ -17,7 +17,7 @@ use crate::protocol::events::sse_event;
 use crate::protocol::json::{put_str, put_u64};
 use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
-    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tool, ToolCall, ToolChoice, Usage,
+    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
     custom_tool_schema,
 };
 use crate::protocol::{ErrorKind, Protocol};
@@ -206,7 +206,7 @@ fn read_item(item: &Value, at: &str, req: &mut Request) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn usage_value(u: &Usage) -> Value {
+fn usage_value(u: &Tokens) -> Value {
     json!({"input_tokens": u.input, "input_tokens_details": {"cached_tokens": u.cached},
         "output_tokens": u.output, "output_tokens_details": {"reasoning_tokens": u.reasoning},
         "total_tokens": u.input + u.output})
@@ -260,7 +260,7 @@ fn response(
     model: &str,
     status: &str,
     output: Vec<Value>,
-    usage: Option<&Usage>,
+    usage: Option<&Tokens>,
     incomplete: Value,
 ) -> Value {
     json!({"id": id, "object": "response", "created_at": jiff::Timestamp::now().as_second(), "status": status,
@@ -307,7 +307,7 @@ pub struct Writer {
     /// Items finished, for `response.completed`.
     output: Vec<Value>,
     calls: Calls,
-    usage: Option<Usage>,
+    usage: Option<Tokens>,
     stop: Option<Stop>,
     done: bool,
     /// Where the conversation is kept once the answer is complete.
@@ -481,7 +481,7 @@ impl Writer {
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
             Delta::ToolCall { index, id, name } => self.calls.open(index, id, name),
             Delta::ToolArgs { index, args } => self.calls.args(index, &args),
-            Delta::Usage(u) => self.usage = Some(u),
+            Delta::Tokens(u) => self.usage = Some(u),
             Delta::Stop(stop) => self.stop = Some(stop),
             Delta::Done => self.finish(out),
             Delta::Error { status, message } => self.fail(crate::protocol::kind_of_status(status), &message, out),
