@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 
 use crate::anomaly::Anomaly;
+pub use crate::closing::Closing;
 use crate::config::{Config, ConfigError, UpstreamConfig};
 use crate::ids::{Table, UpstreamId};
 use crate::journal::Journal;
@@ -412,40 +412,5 @@ impl Live {
         if let Some(follower) = self.follower.lock().ok().and_then(|mut f| f.take()) {
             follower.abort();
         }
-    }
-}
-
-/// The end of the shutdown grace: a token for what waits on it, and a flag
-/// for what only asks whether it came — a relayed stream asks on every
-/// poll that finds its upstream quiet, and a token's check takes a lock.
-/// Clones share both (one for every generation of the config).
-#[derive(Clone, Default)]
-pub struct Closing {
-    token: CancellationToken,
-    over: Arc<AtomicBool>,
-}
-
-impl Closing {
-    /// The grace is over: the flag first, so a task woken by the token
-    /// reads it set.
-    pub fn close(&self) {
-        self.over.store(true, Ordering::Release);
-        self.token.cancel();
-    }
-
-    /// Whether [`Closing::close`] was called (an atomic load).
-    pub fn is_over(&self) -> bool {
-        self.over.load(Ordering::Acquire)
-    }
-
-    /// Resolves once closed.
-    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.token.cancelled()
-    }
-
-    /// Resolves once closed, holding its own handle (for a body that
-    /// outlives the request's task).
-    pub fn cancelled_owned(&self) -> WaitForCancellationFutureOwned {
-        self.token.clone().cancelled_owned()
     }
 }

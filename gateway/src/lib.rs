@@ -57,6 +57,7 @@ pub mod affinity;
 pub mod anomaly;
 pub mod classify;
 pub mod client;
+pub mod closing;
 pub mod config;
 pub mod error;
 pub mod exchange;

@@ -149,7 +149,7 @@ pub struct RelayBody {
 /// The shutdown signal a stream ends on: the wait (polled to be woken)
 /// and its token (read to know it fired without polling the wait).
 struct Closing {
-    over: crate::gateway::Closing,
+    over: crate::closing::Closing,
     wait: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
@@ -278,7 +278,7 @@ impl RelayBody {
 
     /// Ends this stream with its protocol's error event when `closing`
     /// is closed (the shutdown grace is over).
-    pub fn close_with(&mut self, closing: &crate::gateway::Closing) {
+    pub fn close_with(&mut self, closing: &crate::closing::Closing) {
         self.closing = Some(Closing { over: closing.clone(), wait: Box::pin(closing.cancelled_owned()) });
         self.armed_for = None;
     }
