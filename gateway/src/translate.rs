@@ -21,7 +21,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
-use crate::protocol::turn::Delta;
+use crate::protocol::turn::{Delta, Refusal};
 use crate::protocol::{ErrorKind, Protocol, anthropic, gemini, kind_of_status, openai_chat, openai_responses};
 
 pub use crate::protocol::Way;
@@ -46,6 +46,13 @@ pub struct Back {
     pub keep: Option<crate::kept::Keep>,
 }
 
+/// A target's 2xx answer that is not an answer of its protocol (so it
+/// cannot be said in the client's): the attempt fails, as for any odd
+/// answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotAnAnswer(String);
+
 /// A request translated for one target.
 #[derive(Debug, Clone)]
 pub struct Translated {
@@ -57,7 +64,7 @@ pub struct Translated {
 
 /// Translates a client's `body` (in `client`'s protocol) for a target
 /// speaking `target`, naming `model`; `Err` names what cannot be said.
-pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> Result<Translated, String> {
+pub fn request(client: Protocol, target: Protocol, body: &[u8], model: &str) -> Result<Translated, Refusal> {
     request_keeping(client, target, body, model, false, None)
 }
 
@@ -74,7 +81,7 @@ pub fn request_keeping(
     model: &str,
     stream: bool,
     kept: Option<(&crate::kept::Store, &crate::kept::Owner)>,
-) -> Result<Translated, String> {
+) -> Result<Translated, Refusal> {
     let mut keep = None;
     let mut include_usage = false;
     let mut req = match client {
@@ -121,7 +128,7 @@ pub fn request_keeping(
 fn responses_request(
     body: &[u8],
     kept: Option<(&crate::kept::Store, &crate::kept::Owner)>,
-) -> Result<(crate::protocol::turn::Request, Option<crate::kept::Keep>), String> {
+) -> Result<(crate::protocol::turn::Request, Option<crate::kept::Keep>), Refusal> {
     let mut v: Value =
         serde_json::from_slice(body).map_err(|e| crate::protocol::bounds::json_error("request body", &e))?;
     let fresh = crate::kept::input_items(&v["input"]);
@@ -131,7 +138,7 @@ fn responses_request(
         let Some(history) = turn.as_ref().and_then(|t| t.history()) else {
             // Routing refuses such an id first; this is a conversation
             // let go in between.
-            return Err(format!(
+            return Err(crate::protocol::turn::refusal!(
                 "previous_response_id: {previous:?} is not a response tidegate keeps for this client key (any \
                  more); send the whole conversation (store: false) instead"
             ));
@@ -172,7 +179,7 @@ fn responses_request(
 /// `count_tokens` on an alias with no target of that protocol: a quarter of the characters of
 /// its system prompt, messages (text, tool calls and results) and tool
 /// definitions, plus a few per message. An estimate, and answered as one.
-pub fn estimate_tokens(protocol: Protocol, body: &[u8]) -> Result<u64, String> {
+pub fn estimate_tokens(protocol: Protocol, body: &[u8]) -> Result<u64, Refusal> {
     use crate::protocol::turn::Part;
     let req = match protocol {
         // `countTokens` takes contents, or a whole `generateContentRequest`.
@@ -221,18 +228,18 @@ pub fn declare(back: &Back, headers: &mut http::HeaderMap) {
 
 /// A target's whole 2xx answer in the client's protocol; `Err` when the
 /// answer is not one the target's protocol can give.
-pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, String> {
+pub fn answer(back: &Back, body: &[u8]) -> Result<Bytes, NotAnAnswer> {
     let reply = match back.target {
         Protocol::OpenAiChat => openai_chat::turn::read_answer(body),
         Protocol::Anthropic => {
-            let v: Value = serde_json::from_slice(body)
-                .map_err(|e| crate::protocol::bounds::json_error("the answer is not JSON", &e))?;
+            let v: Value =
+                serde_json::from_slice(body).map_err(|e| NotAnAnswer(format!("the answer is not JSON: {e}")))?;
             anthropic::turn::read_answer(&v)
         }
         Protocol::Gemini => gemini::turn::read_answer(body),
         Protocol::OpenAiResponses => None,
     };
-    let reply = reply.ok_or_else(|| format!("the answer is not a {} answer", back.target.name()))?;
+    let reply = reply.ok_or_else(|| NotAnAnswer(format!("the answer is not a {} answer", back.target.name())))?;
     let out = match back.client {
         Protocol::OpenAiChat => openai_chat::turn::write_answer(&reply, back.reasoning),
         Protocol::OpenAiResponses => {

@@ -326,7 +326,7 @@ impl SimConfig {
     /// errors name the field.
     pub fn from_yaml(text: &str) -> Result<SimConfig, ScenarioError> {
         let tree: yaml_serde::Value = yaml_serde::from_str(text).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
-        tidegate::config::from_tree(tree).map_err(ScenarioError::Invalid)
+        tidegate::config::from_tree(tree).map_err(|p| ScenarioError::Invalid(p.0))
     }
 }
 

@@ -46,7 +46,7 @@ fn display_path(path: &str) -> &str {
 }
 
 /// Expands one string; the error names the first unset variable.
-pub fn expand(input: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub fn expand(input: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, super::Problem> {
     let mut out = String::with_capacity(input.len());
     let mut rest = input;
     while let Some(pos) = rest.find('$') {
@@ -56,22 +56,22 @@ pub fn expand(input: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<St
             out.push_str("${");
             rest = tail;
         } else if let Some(tail) = after.strip_prefix("${") {
-            let end = tail.find('}').ok_or_else(|| format!("unterminated `${{` in {input:?}"))?;
+            let end = tail.find('}').ok_or_else(|| super::Problem(format!("unterminated `${{` in {input:?}")))?;
             let expr = &tail[..end];
             let (name, fallback) = match expr.split_once(":-") {
                 Some((name, fallback)) => (name, Some(fallback)),
                 None => (expr, None),
             };
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(format!("`${{{expr}}}` is not a valid variable name"));
+                return Err(super::Problem(format!("`${{{expr}}}` is not a valid variable name")));
             }
             match (lookup(name), fallback) {
                 (Some(v), _) => out.push_str(&v),
                 (None, Some(fb)) => out.push_str(fb),
                 (None, None) => {
-                    return Err(format!(
+                    return Err(super::Problem(format!(
                         "environment variable {name} is not set (write ${{{name}:-}} to allow it to be empty)"
-                    ));
+                    )));
                 }
             }
             rest = &tail[end + 1..];
@@ -109,13 +109,13 @@ mod tests {
             ("cost $5", Ok("cost $5".into())),
         ];
         for (input, want) in cases {
-            assert_eq!(expand(input, &env), want, "input {input:?}");
+            assert_eq!(expand(input, &env).map_err(|e| e.0), want, "input {input:?}");
         }
     }
 
     #[test]
     fn missing_variable_is_named() {
-        let err = expand("${NOPE}", &env).err().unwrap_or_default();
+        let err = expand("${NOPE}", &env).err().map(|e| e.0).unwrap_or_default();
         assert!(err.contains("NOPE"), "{err}");
         assert!(expand("${KEY", &env).is_err());
         assert!(expand("${bad-name}", &env).is_err());

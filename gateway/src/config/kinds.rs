@@ -317,13 +317,14 @@ fn default_base_url(kind: &UpstreamKind) -> Option<String> {
 /// A service-account key file must exist and say what a token exchange
 /// needs; checked at load so `tidegate check` finds a wrong path, not the
 /// first request.
-fn check_key_file(path: &std::path::Path) -> Result<(), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|_| format!("{} is not a JSON key file", path.display()))?;
+fn check_key_file(path: &std::path::Path) -> Result<(), super::Problem> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| super::Problem(format!("cannot read {}: {e}", path.display())))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|_| super::Problem(format!("{} is not a JSON key file", path.display())))?;
     for field in ["client_email", "private_key", "token_uri"] {
         if !json.get(field).is_some_and(serde_json::Value::is_string) {
-            return Err(format!("{} has no {field} (is it a service-account key?)", path.display()));
+            return Err(super::Problem(format!("{} has no {field} (is it a service-account key?)", path.display())));
         }
     }
     Ok(())

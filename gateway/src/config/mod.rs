@@ -347,7 +347,7 @@ impl Config {
         let raw: raw::RawConfig = match from_tree(tree) {
             Ok(raw) => raw,
             Err(problem) => {
-                problems.push(problem);
+                problems.push(problem.0);
                 return Err(ConfigError::Invalid(problems));
             }
         };
@@ -447,13 +447,19 @@ pub fn glob(pattern: &str, name: &str) -> bool {
     rest.len() >= last.len() && rest.ends_with(last)
 }
 
+/// One thing wrong with a config (or a scenario file), said as `tidegate
+/// check` prints it: the field's path, and what is wrong there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Problem(pub String);
+
 /// Deserializes a parsed YAML tree; an error names the field's path
 /// (`upstreams[1].base_url: …`). Shared by the config and the simulator's
 /// scenario files.
-pub fn from_tree<T: serde::de::DeserializeOwned>(tree: yaml_serde::Value) -> Result<T, String> {
+pub fn from_tree<T: serde::de::DeserializeOwned>(tree: yaml_serde::Value) -> Result<T, Problem> {
     serde_path_to_error::deserialize(tree).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner().to_string();
-        if path == "." { inner } else { format!("{path}: {inner}") }
+        Problem(if path == "." { inner } else { format!("{path}: {inner}") })
     })
 }

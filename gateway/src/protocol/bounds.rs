@@ -16,6 +16,8 @@
 
 use std::fmt;
 
+use super::turn::Refusal;
+
 /// Deepest nesting of objects and arrays in the JSON tidegate reads:
 /// serde_json's own limit for the trees it builds, applied as well where
 /// tidegate's readers recurse themselves.
@@ -29,18 +31,18 @@ pub const MAX_DROPPED_KINDS: usize = 32;
 pub const MAX_DROPPED_NAME: usize = 64;
 
 /// Refusal of JSON nested deeper than [`MAX_DEPTH`] at `at`.
-pub fn too_deep(at: impl fmt::Display) -> String {
-    format!("{at}: nested deeper than {MAX_DEPTH} levels (tidegate's limit for the JSON it reads)")
+pub fn too_deep(at: impl fmt::Display) -> Refusal {
+    Refusal::from(format!("{at}: nested deeper than {MAX_DEPTH} levels (tidegate's limit for the JSON it reads)"))
 }
 
 /// A serde_json error reading `what`, naming tidegate's depth limit when
 /// that is what it hit.
-pub fn json_error(what: &str, e: &serde_json::Error) -> String {
+pub fn json_error(what: &str, e: &serde_json::Error) -> Refusal {
     let text = e.to_string();
     if text.starts_with("recursion limit exceeded") {
         return too_deep(what);
     }
-    format!("{what}: {text}")
+    Refusal::from(format!("{what}: {text}"))
 }
 
 /// `name` cut to [`MAX_DROPPED_NAME`] bytes (at a character boundary).
@@ -65,7 +67,7 @@ mod tests {
         let e = serde_json::from_str::<serde_json::Value>(&deep).unwrap_err();
         assert_eq!(json_error("request body", &e), too_deep("request body"));
         let e = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
-        assert!(json_error("request body", &e).starts_with("request body: EOF"), "{}", json_error("x", &e));
+        assert!(json_error("request body", &e).to_string().starts_with("request body: EOF"), "{}", json_error("x", &e));
         let name = "é".repeat(MAX_DROPPED_NAME);
         assert!(short_name(&name).len() <= MAX_DROPPED_NAME && short_name(&name).len() >= MAX_DROPPED_NAME - 1);
         assert_eq!(short_name("tool x"), "tool x");

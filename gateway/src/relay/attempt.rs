@@ -144,9 +144,9 @@ pub(super) async fn attempt(job: &Job, index: UpstreamId, upstream: &Upstream, s
         if let Some(back) = &back {
             let plain = json_end::decoded(&parts.headers, &bytes, MAX_CHECKED_ANSWER);
             let translated = translate::answer(back, plain.as_deref().unwrap_or(&bytes));
-            let Ok(bytes) = translated else {
-                let why = translated.err().unwrap_or_default();
-                return Attempt::Failure(classify::classify_odd(status.as_u16(), &why), None);
+            let bytes = match translated {
+                Ok(bytes) => bytes,
+                Err(why) => return Attempt::Failure(classify::classify_odd(status.as_u16(), &why.to_string()), None),
             };
             parts.headers.remove(header::CONTENT_ENCODING);
             parts.headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));

@@ -341,7 +341,7 @@ impl<'a> Run<'a> {
 
     /// Leaves out a target that cannot be sent this request in its
     /// protocol, keeping the reason.
-    fn refuse(&mut self, ti: TargetId, why: String) {
+    fn refuse(&mut self, ti: TargetId, why: crate::protocol::turn::Refusal) {
         let upstream = self.upstream(ti);
         tracing::debug!(upstream = %upstream.config.name, %why, "request not translatable for this target");
         self.refused = Some(format!(

@@ -133,7 +133,7 @@ impl<'a> Targets<'a> {
     /// What an attempt on target `i` sends: the client's bytes (with its
     /// model), or the request translated for it (once per request and
     /// target); `Err` names what the target's protocol cannot say.
-    pub fn sent(&mut self, i: TargetId, job: &Job) -> Result<Sent, String> {
+    pub fn sent(&mut self, i: TargetId, job: &Job) -> Result<Sent, crate::protocol::turn::Refusal> {
         let at = i.index();
         let Way::Translate(target) = self.way(at) else {
             return Ok(Sent { body: self.body(i, job), endpoint: self.endpoint, back: None });

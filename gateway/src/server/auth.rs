@@ -5,6 +5,7 @@ use http::header::AUTHORIZATION;
 use subtle::ConstantTimeEq;
 
 use crate::config::ClientKey;
+use crate::error::GatewayError;
 
 /// The header a Gemini client's key arrives in (and where one sent as
 /// `?key=` is put, so it is checked like the others and never forwarded).
@@ -62,7 +63,7 @@ pub fn authenticate<'a>(keys: &'a [ClientKey], headers: &HeaderMap) -> Result<Op
 /// "simple" cross-site `text/plain` POST) is not loopback, nor listed in
 /// `allowed_origins`, is refused — it would spend the operator's upstream
 /// keys. Clients that send neither (SDKs, curl, agents) pass.
-pub fn local_only(headers: &HeaderMap, allowed: &[String]) -> Result<(), String> {
+pub fn local_only(headers: &HeaderMap, allowed: &[String]) -> Result<(), GatewayError> {
     // The common case, a local client with no Origin: no parsing.
     let origin = headers.get(http::header::ORIGIN);
     if origin.is_none() && headers.get(http::header::HOST).is_none_or(|h| local_host_fast(h.as_bytes())) {
@@ -73,10 +74,10 @@ pub fn local_only(headers: &HeaderMap, allowed: &[String]) -> Result<(), String>
         let host = host.to_str().unwrap_or("?");
         let name = strip_port(host);
         if !is_loopback(name) && !listed(name) && !listed(host) {
-            return Err(format!(
+            return Err(GatewayError::Forbidden(format!(
                 "Host {host:?} is not this machine: without client_keys tidegate serves local clients only \
                  (add it to allowed_origins, or configure client_keys)"
-            ));
+            )));
         }
     }
     if let Some(origin) = headers.get(http::header::ORIGIN) {
@@ -86,10 +87,10 @@ pub fn local_only(headers: &HeaderMap, allowed: &[String]) -> Result<(), String>
             host.as_deref().is_some_and(|h| is_loopback(h.trim_start_matches('[').trim_end_matches(']')) || listed(h))
                 || listed(origin);
         if !ok {
-            return Err(format!(
+            return Err(GatewayError::Forbidden(format!(
                 "requests from the web page {origin:?} are refused: without client_keys tidegate serves local \
                  clients only (add the origin to allowed_origins, or configure client_keys)"
-            ));
+            )));
         }
     }
     Ok(())

@@ -22,9 +22,9 @@ use serde_json::{Map, Value, json};
 use crate::protocol::bounds;
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{Arr, Obj, put_str, put_u64};
-use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
-    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
+    Calls, Delta, Image, Opaque, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall,
+    ToolChoice, push, refusal,
 };
 use crate::protocol::{ErrorKind, Protocol};
 
@@ -283,7 +283,7 @@ fn blocks(content: ContentIn<'_>, at: At, depth: usize, req: &mut Request) -> Re
                     },
                     Some("url") => Image::Url(owned(s.url)),
                     other => {
-                        return Err(format!(
+                        return Err(refusal!(
                             "{at}.content[{j}].source: an image source {other:?} cannot be translated"
                         ));
                     }
@@ -324,7 +324,7 @@ fn blocks(content: ContentIn<'_>, at: At, depth: usize, req: &mut Request) -> Re
                 req.drop_note(format!("{kind} block"));
             }
             other => {
-                return Err(format!(
+                return Err(refusal!(
                     "{at}.content[{j}]: a {} block cannot be translated for this model's target",
                     other.unwrap_or("untyped")
                 ));
@@ -356,7 +356,7 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
             "user" => Role::User,
             "assistant" => Role::Assistant,
             "system" => Role::System,
-            other => return Err(format!("{at}.role: {other:?} is not user, assistant or system")),
+            other => return Err(refusal!("{at}.role: {other:?} is not user, assistant or system")),
         };
         // The body, messages, the message, its content.
         let parts = blocks(m.content, at, 4, &mut req)?;
@@ -390,7 +390,7 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
             Some("tool") => {
                 let name = choice.name.as_deref().unwrap_or_default();
                 if builtin.iter().any(|b| b == name) || !req.tools.iter().any(|t| t.name == name) {
-                    return Err(format!("tool_choice: the tool {name:?} cannot be offered by this model's target"));
+                    return Err(refusal!("tool_choice: the tool {name:?} cannot be offered by this model's target"));
                 }
                 Some(ToolChoice::Named(name.to_owned()))
             }

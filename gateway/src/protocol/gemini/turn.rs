@@ -13,13 +13,11 @@ use bytes::{BufMut, BytesMut};
 use serde_json::{Map, Value, json};
 
 use super::super::turn::{
-    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
+    Calls, Delta, Image, Opaque, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall,
+    ToolChoice, refusal,
 };
 use super::super::{ErrorKind, Protocol};
 use super::UsageIn;
-
-/// Why a request cannot be translated.
-pub type Refusal = String;
 
 /// The key a Gemini part's opaque state is kept under.
 const SIGNATURE: &str = "thoughtSignature";
@@ -74,7 +72,7 @@ fn read_parts(parts: &[Value], at: &str, ids: &mut Ids, req: &mut Request) -> Re
         } else if let Some(data) = p.get("inlineData") {
             let media_type = data["mimeType"].as_str().unwrap_or("application/octet-stream");
             if !media_type.starts_with("image/") {
-                return Err(format!(
+                return Err(refusal!(
                     "{at}.parts[{j}]: inline {media_type} data cannot be translated for this model's target"
                 ));
             }
@@ -85,7 +83,7 @@ fn read_parts(parts: &[Value], at: &str, ids: &mut Ids, req: &mut Request) -> Re
         } else if let Some(file) = p.get("fileData") {
             let uri = file["fileUri"].as_str().unwrap_or_default();
             if !file["mimeType"].as_str().unwrap_or("image/").starts_with("image/") {
-                return Err(format!("{at}.parts[{j}]: a file part cannot be translated for this model's target"));
+                return Err(refusal!("{at}.parts[{j}]: a file part cannot be translated for this model's target"));
             }
             out.push(Part::Image(Image::Url(uri.to_owned())));
         } else if let Some(call) = p.get("functionCall") {
@@ -117,7 +115,7 @@ fn read_parts(parts: &[Value], at: &str, ids: &mut Ids, req: &mut Request) -> Re
             req.drop_note("code execution part");
         } else {
             let kind = p.as_object().and_then(|o| o.keys().find(|k| *k != SIGNATURE)).map_or("empty", String::as_str);
-            return Err(format!("{at}.parts[{j}]: a {kind} part cannot be translated for this model's target"));
+            return Err(refusal!("{at}.parts[{j}]: a {kind} part cannot be translated for this model's target"));
         }
     }
     Ok(out)

@@ -15,13 +15,10 @@ use serde_json::{Value, json};
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{Arr, Obj, put_str, put_u64};
 use crate::protocol::turn::{
-    Delta, Image, Message, Part, Reasoning, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
-    custom_tool_schema,
+    Delta, Image, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
+    custom_tool_schema, push, refusal,
 };
 use crate::protocol::{ErrorKind, Protocol};
-
-/// Why a request cannot be translated: the field and the reason.
-pub type Refusal = String;
 
 fn text_of(content: &Value) -> String {
     match content {
@@ -44,13 +41,13 @@ fn parts_of(content: &Value, at: &str) -> Result<Vec<Part>, Refusal> {
                     Some("text") => parts.push(Part::Text(item["text"].as_str().unwrap_or_default().to_owned())),
                     Some("image_url") => {
                         let url = item["image_url"].get("url").and_then(Value::as_str).or(item["image_url"].as_str());
-                        let Some(url) = url else { return Err(format!("{at}.content[{j}].image_url: no url")) };
+                        let Some(url) = url else { return Err(refusal!("{at}.content[{j}].image_url: no url")) };
                         parts.push(Part::Image(Image::from_url(url)));
                     }
                     // A refusal the model gave earlier reads as its text.
                     Some("refusal") => parts.push(Part::Text(item["refusal"].as_str().unwrap_or_default().to_owned())),
                     other => {
-                        return Err(format!(
+                        return Err(refusal!(
                             "{at}.content[{j}]: a {} part cannot be translated for this model's target",
                             other.unwrap_or("untyped")
                         ));
@@ -59,7 +56,7 @@ fn parts_of(content: &Value, at: &str) -> Result<Vec<Part>, Refusal> {
             }
             Ok(parts)
         }
-        _ => Err(format!("{at}.content: must be a string or an array")),
+        _ => Err(refusal!("{at}.content: must be a string or an array")),
     }
 }
 
@@ -70,7 +67,7 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
         return Err("n: more than one choice cannot be translated for this model's target".into());
     }
     if let Some(format) = v.get("response_format").and_then(|f| f["type"].as_str()).filter(|t| *t != "text") {
-        return Err(format!("response_format: {format:?} cannot be translated for this model's target"));
+        return Err(refusal!("response_format: {format:?} cannot be translated for this model's target"));
     }
     let messages = v["messages"].as_array().ok_or_else(|| "messages: must be an array".to_owned())?;
     for (i, m) in messages.iter().enumerate() {
@@ -98,7 +95,7 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
                         _ => {
                             let f = &call["function"];
                             let Some(name) = f["name"].as_str() else {
-                                return Err(format!("{at}.tool_calls[{j}].function.name: missing"));
+                                return Err(refusal!("{at}.tool_calls[{j}].function.name: missing"));
                             };
                             ToolCall {
                                 id,
@@ -117,14 +114,14 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
                 let content = parts_of(&m["content"], &at)?;
                 push(&mut req.messages, Role::User, vec![Part::ToolResult { call_id, content, is_error: false }]);
             }
-            other => return Err(format!("{at}.role: {other:?} cannot be translated")),
+            other => return Err(refusal!("{at}.role: {other:?} cannot be translated")),
         }
     }
     for (i, t) in v["tools"].as_array().into_iter().flatten().enumerate() {
         match t["type"].as_str() {
             Some("function") | None => {
                 let f = &t["function"];
-                let Some(name) = f["name"].as_str() else { return Err(format!("tools[{i}].function.name: missing")) };
+                let Some(name) = f["name"].as_str() else { return Err(refusal!("tools[{i}].function.name: missing")) };
                 req.tools.push(Tool {
                     name: name.to_owned(),
                     description: f["description"].as_str().map(str::to_owned),
@@ -168,15 +165,6 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
     }
     req.user = v["user"].as_str().map(str::to_owned);
     Ok(req)
-}
-
-/// Appends parts as a message of `role`, merged into the last one if it
-/// has the same role (the protocols differ on consecutive turns).
-pub(crate) fn push(messages: &mut Vec<Message>, role: Role, parts: Vec<Part>) {
-    match messages.last_mut() {
-        Some(last) if last.role == role => last.parts.extend(parts),
-        _ => messages.push(Message { role, parts }),
-    }
 }
 
 /// The text of `parts`, joined (borrowed when there is one).

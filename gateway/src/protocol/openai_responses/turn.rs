@@ -15,10 +15,9 @@ use serde_json::{Value, json};
 
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{put_str, put_u64};
-use crate::protocol::openai_chat::turn::{Refusal, push};
 use crate::protocol::turn::{
-    Calls, Delta, Image, Opaque, Part, Reasoning, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
-    custom_tool_schema,
+    Calls, Delta, Image, Opaque, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall,
+    ToolChoice, custom_tool_schema, push, refusal,
 };
 use crate::protocol::{ErrorKind, Protocol};
 
@@ -27,7 +26,7 @@ fn content_parts(content: &Value, at: &str) -> Result<Vec<Part>, Refusal> {
         Value::String(s) => return Ok(vec![Part::Text(s.clone())]),
         Value::Array(items) => items,
         Value::Null => return Ok(Vec::new()),
-        _ => return Err(format!("{at}.content: must be a string or an array")),
+        _ => return Err(refusal!("{at}.content: must be a string or an array")),
     };
     let mut parts = Vec::with_capacity(items.len());
     for (j, c) in items.iter().enumerate() {
@@ -38,10 +37,10 @@ fn content_parts(content: &Value, at: &str) -> Result<Vec<Part>, Refusal> {
             Some("refusal") => parts.push(Part::Text(c["refusal"].as_str().unwrap_or_default().to_owned())),
             Some("input_image") => match c["image_url"].as_str() {
                 Some(url) => parts.push(Part::Image(Image::from_url(url))),
-                None => return Err(format!("{at}.content[{j}]: an image by file_id cannot be translated")),
+                None => return Err(refusal!("{at}.content[{j}]: an image by file_id cannot be translated")),
             },
             other => {
-                return Err(format!(
+                return Err(refusal!(
                     "{at}.content[{j}]: a {} part cannot be translated for this model's target",
                     other.unwrap_or("untyped")
                 ));
@@ -73,7 +72,7 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
         req.system.push(text.to_owned());
     }
     if let Some(format) = v["text"]["format"]["type"].as_str().filter(|t| *t != "text") {
-        return Err(format!("text.format: {format:?} cannot be translated for this model's target"));
+        return Err(refusal!("text.format: {format:?} cannot be translated for this model's target"));
     }
     match &v["input"] {
         Value::String(s) => push(&mut req.messages, Role::User, vec![Part::Text(s.clone())]),
@@ -121,7 +120,7 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
                 Some(ToolChoice::Named(name.to_owned()))
             }
             (kind, name) => {
-                return Err(format!(
+                return Err(refusal!(
                     "tool_choice: the tool {:?} cannot be offered by this model's target",
                     name.or(kind).unwrap_or_default()
                 ));
@@ -155,7 +154,7 @@ fn read_item(item: &Value, at: &str, req: &mut Request) -> Result<(), Refusal> {
             }
             Some("user") => push(&mut req.messages, Role::User, content_parts(&item["content"], at)?),
             Some("assistant") => push(&mut req.messages, Role::Assistant, content_parts(&item["content"], at)?),
-            other => return Err(format!("{at}.role: {other:?} cannot be translated")),
+            other => return Err(refusal!("{at}.role: {other:?} cannot be translated")),
         },
         "function_call" => push(
             &mut req.messages,
@@ -200,7 +199,7 @@ fn read_item(item: &Value, at: &str, req: &mut Request) -> Result<(), Refusal> {
                 .map(|_| Opaque { from: Protocol::OpenAiResponses, value: item.clone() });
             push(&mut req.messages, Role::Assistant, vec![Part::Reasoning { text: text.join("\n"), opaque }]);
         }
-        "item_reference" => return Err(format!("{at}: an item_reference needs the provider's stored state")),
+        "item_reference" => return Err(refusal!("{at}: an item_reference needs the provider's stored state")),
         other => req.drop_note(format!("{other} item")),
     }
     Ok(())
