@@ -21,6 +21,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
+use crate::protocol::events;
+use crate::protocol::stream_turn::{StreamReader, StreamWriter};
 use crate::protocol::turn::{Delta, Refusal};
 use crate::protocol::{ErrorKind, Protocol, anthropic, gemini, kind_of_status, openai_chat, openai_responses};
 
@@ -286,37 +288,13 @@ pub fn error(back: &Back, status: u16, body: &[u8]) -> Bytes {
 /// list and the index to it), counted in the bound on held calls.
 const CALL_OVERHEAD: usize = 96;
 
-enum Reader {
-    Chat(openai_chat::turn::Reader),
-    Anthropic(anthropic::turn::Reader),
-    Gemini(gemini::turn::Reader),
-}
-
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one per translated stream, inside the body's boxed translator: boxing a variant saves nothing"
-)]
-enum Writer {
-    Chat(openai_chat::turn::Writer),
-    Responses(openai_responses::turn::Writer),
-    Anthropic(anthropic::turn::Writer),
-    Gemini(gemini::turn::Writer),
-}
-
 /// A target's SSE events into the client's, event by event: every
 /// translated stream opens, numbers and closes its blocks in the client's
 /// grammar, whatever the target sent, and ends with the client's terminal
-/// event or its error event.
+/// event or its error event. One reader and one writer, paired once per
+/// stream ([`Pair`]); the body asks through this type only.
 pub struct Stream {
-    reader: Reader,
-    writer: Writer,
-    deltas: Vec<Delta>,
-    /// Bytes of tool calls the writer holds to write whole at the end
-    /// (Anthropic, Responses and Gemini clients; a chat client's are
-    /// streamed as they come), with their bound.
-    calls: Option<(usize, usize)>,
-    /// Why the stream cannot go on, once it cannot (taken by the body).
-    broken: Option<String>,
+    pair: Box<dyn Translating>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -325,45 +303,37 @@ impl std::fmt::Debug for Stream {
     }
 }
 
-impl Stream {
-    /// A translator for the way `back` describes (`None` for a target
-    /// protocol that is not reached by translation); `max_event`: the
-    /// largest event allowed, which bounds the tool calls a writer holds
-    /// to write as one event.
-    pub fn new(back: &Back, max_event: usize) -> Option<Stream> {
-        let reader = match back.target {
-            Protocol::OpenAiChat => Reader::Chat(openai_chat::turn::Reader::default()),
-            Protocol::Anthropic => Reader::Anthropic(anthropic::turn::Reader::default()),
-            Protocol::Gemini => Reader::Gemini(gemini::turn::Reader::default()),
-            Protocol::OpenAiResponses => return None,
-        };
-        let writer = match back.client {
-            Protocol::OpenAiChat => Writer::Chat(openai_chat::turn::Writer::new(back.include_usage, back.reasoning)),
-            Protocol::OpenAiResponses => Writer::Responses(openai_responses::turn::Writer::new(
-                back.reasoning,
-                back.custom.clone(),
-                back.keep.clone(),
-            )),
-            Protocol::Anthropic => Writer::Anthropic(anthropic::turn::Writer::new(back.reasoning)),
-            Protocol::Gemini => Writer::Gemini(gemini::turn::Writer::new(back.reasoning)),
-        };
-        let calls = (!matches!(writer, Writer::Chat(_))).then_some((0, max_event));
-        Some(Stream { reader, writer, deltas: Vec::new(), calls, broken: None })
-    }
+/// What a stream's translator does, whichever pair of protocols: one
+/// dynamic call a chunk of events, everything inside it monomorphic.
+trait Translating: Send {
+    fn events(&mut self, bytes: &[u8]) -> Bytes;
+    fn finish(&mut self) -> Bytes;
+    fn fail(&mut self, kind: ErrorKind, message: &str) -> Bytes;
+    fn take_broken(&mut self) -> Option<String>;
+}
 
-    /// Translates whole events (`bytes` ends at an event's end).
-    pub fn events(&mut self, bytes: &[u8]) -> Bytes {
+/// A target protocol's reader and a client protocol's writer.
+struct Pair<R, W> {
+    reader: R,
+    writer: W,
+    deltas: Vec<Delta>,
+    /// Bytes of tool calls the writer holds (when it holds them), and
+    /// their bound.
+    calls: (usize, usize),
+    /// Why the stream cannot go on, once it cannot.
+    broken: Option<String>,
+}
+
+impl<R: StreamReader + Send, W: StreamWriter + Send> Translating for Pair<R, W> {
+    fn events(&mut self, bytes: &[u8]) -> Bytes {
         let mut out = BytesMut::new();
-        each_event(bytes, |name, data| {
+        events::each_event(bytes, |name, data| {
             if self.broken.is_some() {
                 return;
             }
-            match &mut self.reader {
-                Reader::Chat(r) => r.read(data, &mut self.deltas),
-                Reader::Anthropic(r) => r.read(name, data, &mut self.deltas),
-                Reader::Gemini(r) => r.read(data, &mut self.deltas),
-            }
-            if let Some((held, max)) = &mut self.calls {
+            self.reader.read(name, data, &mut self.deltas);
+            if W::HOLDS_CALLS {
+                let (held, max) = &mut self.calls;
                 for delta in &self.deltas {
                     *held += match delta {
                         // A call held costs its strings and their place.
@@ -382,84 +352,86 @@ impl Stream {
                 }
             }
             for delta in self.deltas.drain(..) {
-                match &mut self.writer {
-                    Writer::Chat(w) => w.write(delta, &mut out),
-                    Writer::Responses(w) => w.write(delta, &mut out),
-                    Writer::Anthropic(w) => w.write(delta, &mut out),
-                    Writer::Gemini(w) => w.write(delta, &mut out),
-                }
+                self.writer.write(delta, &mut out);
             }
         });
         out.freeze()
     }
 
+    fn finish(&mut self) -> Bytes {
+        let mut out = BytesMut::new();
+        self.writer.finish(&mut out);
+        out.freeze()
+    }
+
+    fn fail(&mut self, kind: ErrorKind, message: &str) -> Bytes {
+        let mut out = BytesMut::new();
+        self.writer.fail(kind, message, &mut out);
+        out.freeze()
+    }
+
+    fn take_broken(&mut self) -> Option<String> {
+        self.broken.take()
+    }
+}
+
+/// `reader` paired with the writer of `back`'s client protocol.
+fn with_writer<R: StreamReader + Send + 'static>(reader: R, back: &Back, max_event: usize) -> Box<dyn Translating> {
+    fn pair<R: StreamReader + Send + 'static, W: StreamWriter + Send + 'static>(
+        reader: R,
+        writer: W,
+        max_event: usize,
+    ) -> Box<dyn Translating> {
+        Box::new(Pair { reader, writer, deltas: Vec::new(), calls: (0, max_event), broken: None })
+    }
+    match back.client {
+        Protocol::OpenAiChat => {
+            pair(reader, openai_chat::turn::Writer::new(back.include_usage, back.reasoning), max_event)
+        }
+        Protocol::OpenAiResponses => pair(
+            reader,
+            openai_responses::turn::Writer::new(back.reasoning, back.custom.clone(), back.keep.clone()),
+            max_event,
+        ),
+        Protocol::Anthropic => pair(reader, anthropic::turn::Writer::new(back.reasoning), max_event),
+        Protocol::Gemini => pair(reader, gemini::turn::Writer::new(back.reasoning), max_event),
+    }
+}
+
+impl Stream {
+    /// A translator for the way `back` describes (`None` for a target
+    /// protocol that is not reached by translation); `max_event`: the
+    /// largest event allowed, which bounds the tool calls a writer holds
+    /// to write as one event.
+    pub fn new(back: &Back, max_event: usize) -> Option<Stream> {
+        let pair = match back.target {
+            Protocol::OpenAiChat => with_writer(openai_chat::turn::Reader::default(), back, max_event),
+            Protocol::Anthropic => with_writer(anthropic::turn::Reader::default(), back, max_event),
+            Protocol::Gemini => with_writer(gemini::turn::Reader::default(), back, max_event),
+            Protocol::OpenAiResponses => return None,
+        };
+        Some(Stream { pair })
+    }
+
+    /// Translates whole events (`bytes` ends at an event's end).
+    pub fn events(&mut self, bytes: &[u8]) -> Bytes {
+        self.pair.events(bytes)
+    }
+
     /// Why the stream cannot go on, if it cannot (taken once): the body
     /// then ends it as broken.
     pub fn take_broken(&mut self) -> Option<String> {
-        self.broken.take()
+        self.pair.take_broken()
     }
 
     /// The client's terminal events, if not yet sent: for a target that
     /// finished its answer but ended without its own terminal event.
     pub fn finish(&mut self) -> Bytes {
-        let mut out = BytesMut::new();
-        match &mut self.writer {
-            Writer::Chat(w) => w.finish(&mut out),
-            Writer::Responses(w) => w.finish(&mut out),
-            Writer::Anthropic(w) => w.finish(&mut out),
-            Writer::Gemini(w) => w.finish(&mut out),
-        }
-        out.freeze()
+        self.pair.finish()
     }
 
     /// A failure as the client's error event (nothing is written after).
     pub fn fail(&mut self, kind: ErrorKind, message: &str) -> Bytes {
-        let mut out = BytesMut::new();
-        match &mut self.writer {
-            Writer::Chat(w) => w.fail(kind, message, &mut out),
-            Writer::Responses(w) => w.fail(kind, message, &mut out),
-            Writer::Anthropic(w) => w.fail(kind, message, &mut out),
-            Writer::Gemini(w) => w.fail(kind, message, &mut out),
-        }
-        out.freeze()
-    }
-}
-
-/// Calls `f(name, data)` for each whole SSE event in `bytes` (comments
-/// skipped, `data:` lines joined by `\n`, CRLF or LF).
-fn each_event(bytes: &[u8], mut f: impl FnMut(Option<&str>, &str)) {
-    let Ok(text) = std::str::from_utf8(bytes) else { return };
-    let mut name: Option<&str> = None;
-    let mut data = String::new();
-    let mut has_data = false;
-    for line in text.split('\n') {
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.is_empty() {
-            if has_data {
-                f(name, &data);
-            }
-            name = None;
-            data.clear();
-            has_data = false;
-            continue;
-        }
-        if line.starts_with(':') {
-            continue;
-        }
-        let (field, value) = line.split_once(':').map_or((line, ""), |(f, v)| (f, v.strip_prefix(' ').unwrap_or(v)));
-        match field {
-            "event" => name = Some(value),
-            "data" => {
-                if has_data {
-                    data.push('\n');
-                }
-                data.push_str(value);
-                has_data = true;
-            }
-            _ => {}
-        }
-    }
-    if has_data {
-        f(name, &data);
+        self.pair.fail(kind, message)
     }
 }

@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::shape::{Shape, State};
 use crate::protocol::Protocol;
-use crate::protocol::events::{Kind, Seen};
+use crate::protocol::events::{self, Kind, Seen};
 use crate::record::Usage;
 
 /// Incremental SSE reader for one stream.
@@ -113,7 +113,7 @@ impl Scanner {
         }
         // Resume the search a few bytes back: a separator may straddle reads.
         let from = self.searched.saturating_sub(2).max(start);
-        let Some(len) = event_end(&held[from..]) else {
+        let Some(len) = events::event_end(&held[from..]) else {
             self.searched = held.len();
             return None;
         };
@@ -187,38 +187,7 @@ fn read_whole(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) 
         Ok(valid) => Cow::Borrowed(valid),
         Err(_) => String::from_utf8_lossy(raw),
     };
-    let mut name: Option<&str> = None;
-    // Nearly every event has one `data:` line: borrowed, no list; a second
-    // line makes it owned, joined by newlines.
-    let mut data: Option<Cow<'_, str>> = None;
-    // Lines as `str::lines` splits them, found with `memchr` (a SIMD
-    // search; `lines` goes a byte at a time).
-    let mut rest: &str = &text;
-    while !rest.is_empty() {
-        let line = match memchr::memchr(b'\n', rest.as_bytes()) {
-            Some(i) => {
-                let line = &rest[..i];
-                rest = &rest[i + 1..];
-                line
-            }
-            None => std::mem::take(&mut rest),
-        };
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        if let Some(v) = line.strip_prefix("event:") {
-            name = Some(v.trim());
-        } else if let Some(v) = line.strip_prefix("data:") {
-            let v = v.strip_prefix(' ').unwrap_or(v);
-            data = Some(match data.take() {
-                None => Cow::Borrowed(v),
-                Some(mut joined) => {
-                    let owned = joined.to_mut();
-                    owned.push('\n');
-                    owned.push_str(v);
-                    joined
-                }
-            });
-        }
-    }
+    let (name, data) = events::fields(&text);
     let data = match data {
         None if name.is_none() => return (Kind::KeepAlive, None),
         None => Cow::Borrowed(""),
@@ -269,22 +238,6 @@ pub fn usage_in_json(tail: &[u8]) -> Usage {
     let find = |f: &FinderRev<'_>| number(&tail[f.rfind(tail)? + f.needle().len()..]);
     let [prompt, input, completion, output] = &*KEYS_REV;
     Usage { input: find(prompt).or_else(|| find(input)), output: find(completion).or_else(|| find(output)) }
-}
-
-/// Length of the first complete event in `buf` (separator included).
-fn event_end(buf: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    // `memchr`: this runs over every byte of every event relayed.
-    while let Some(i) = memchr::memchr(b'\n', &buf[at..]) {
-        let i = at + i;
-        match (buf.get(i + 1), buf.get(i + 2)) {
-            (Some(b'\n'), _) => return Some(i + 2),
-            (Some(b'\r'), Some(b'\n')) => return Some(i + 3),
-            _ => {}
-        }
-        at = i + 1;
-    }
-    None
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! interleave the deltas of parallel calls, which Anthropic's one open
 //! block at a time cannot say.
 
+use crate::protocol::stream_turn::{StreamReader, StreamWriter};
 use std::borrow::Cow;
 
 use bytes::{BufMut, BytesMut};
@@ -19,6 +20,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
+use crate::protocol::Protocol;
 use crate::protocol::bounds;
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{Arr, Obj, put_str, put_u64};
@@ -26,7 +28,6 @@ use crate::protocol::turn::{
     Calls, Delta, Image, Opaque, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall,
     ToolChoice, push, refusal,
 };
-use crate::protocol::{ErrorKind, Protocol};
 
 /// The signature of a thinking block translated from another provider's
 /// reasoning.
@@ -701,9 +702,9 @@ pub struct Reader {
     tools: std::collections::HashSet<u32>,
 }
 
-impl Reader {
+impl StreamReader for Reader {
     /// Reads one event.
-    pub fn read(&mut self, name: Option<&str>, data: &str, out: &mut Vec<Delta>) {
+    fn read(&mut self, name: Option<&str>, data: &str, out: &mut Vec<Delta>) {
         let Ok(v) = serde_json::from_str::<Value>(data) else { return };
         let kind = v["type"].as_str().or(name).unwrap_or_default();
         match kind {
@@ -872,12 +873,21 @@ impl Writer {
         self.next += 1;
         self.open = Open::None;
     }
+}
 
-    /// Writes one delta.
-    pub fn write(&mut self, delta: Delta, out: &mut BytesMut) {
-        if self.done {
-            return;
-        }
+impl StreamWriter for Writer {
+    const PROTOCOL: Protocol = Protocol::Anthropic;
+    const HOLDS_CALLS: bool = true;
+
+    fn ended(&mut self) -> &mut bool {
+        &mut self.done
+    }
+
+    fn calls(&mut self) -> Option<&mut Calls> {
+        Some(&mut self.calls)
+    }
+
+    fn content(&mut self, delta: Delta, out: &mut BytesMut) {
         match delta {
             Delta::Start { id, model } => {
                 if !self.started {
@@ -904,21 +914,16 @@ impl Writer {
                 );
             }
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
-            Delta::ToolCall { index, id, name } => self.calls.open(index, id, name),
-            Delta::ToolArgs { index, args } => self.calls.args(index, &args),
             Delta::Tokens(u) => self.usage.merge(u),
             Delta::Stop(stop) => self.stop = Some(stop),
-            Delta::Done => self.finish(out),
-            Delta::Error { status, message } => self.fail(crate::protocol::kind_of_status(status), &message, out),
+            // The trait's `write` ends the stream and holds the calls.
+            Delta::Done | Delta::Error { .. } | Delta::ToolCall { .. } | Delta::ToolArgs { .. } => {}
         }
     }
 
     /// The end: open block closed, tool calls written whole,
     /// `message_delta` with the stop reason and usage, `message_stop`.
-    pub fn finish(&mut self, out: &mut BytesMut) {
-        if self.done {
-            return;
-        }
+    fn end(&mut self, out: &mut BytesMut) {
         self.start(out);
         self.close(out);
         for ToolCall { id, name, arguments: args, .. } in self.calls.take() {
@@ -938,7 +943,6 @@ impl Writer {
             self.next += 1;
             self.stop.get_or_insert(Stop::ToolUse);
         }
-        self.done = true;
         let (reason, sequence) = stop_reason(&self.stop.take().unwrap_or_default());
         let usage = usage_value(&self.usage);
         Self::event(
@@ -947,13 +951,5 @@ impl Writer {
             out,
         );
         Self::event("message_stop", &json!({"type": "message_stop"}), out);
-    }
-
-    /// A failure told in Anthropic's words: `event: error`, nothing after.
-    pub fn fail(&mut self, kind: ErrorKind, message: &str, out: &mut BytesMut) {
-        if !self.done {
-            self.done = true;
-            out.put_slice(&super::error_event(kind, message));
-        }
     }
 }

@@ -9,14 +9,15 @@
 //! up from the call when writing for Gemini); schemas in Gemini's OpenAPI
 //! subset (`"type": "OBJECT"`) read as JSON Schema.
 
+use crate::protocol::stream_turn::{StreamReader, StreamWriter};
 use bytes::{BufMut, BytesMut};
 use serde_json::{Map, Value, json};
 
+use super::super::Protocol;
 use super::super::turn::{
     Calls, Delta, Image, Opaque, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall,
     ToolChoice, refusal,
 };
-use super::super::{ErrorKind, Protocol};
 use super::UsageIn;
 
 /// The key a Gemini part's opaque state is kept under.
@@ -528,9 +529,9 @@ pub struct Reader {
     ids: Ids,
 }
 
-impl Reader {
+impl StreamReader for Reader {
     /// Reads one chunk's `data`.
-    pub fn read(&mut self, data: &str, out: &mut Vec<Delta>) {
+    fn read(&mut self, _name: Option<&str>, data: &str, out: &mut Vec<Delta>) {
         let Ok(v) = serde_json::from_str::<Value>(data) else { return };
         if let Some(error) = v.get("error") {
             out.push(Delta::Error {
@@ -623,12 +624,21 @@ impl Writer {
         bytes.extend_from_slice(b"\r\n\r\n");
         out.put_slice(&bytes);
     }
+}
 
-    /// Writes one delta.
-    pub fn write(&mut self, delta: Delta, out: &mut BytesMut) {
-        if self.done {
-            return;
-        }
+impl StreamWriter for Writer {
+    const PROTOCOL: Protocol = Protocol::Gemini;
+    const HOLDS_CALLS: bool = true;
+
+    fn ended(&mut self) -> &mut bool {
+        &mut self.done
+    }
+
+    fn calls(&mut self) -> Option<&mut Calls> {
+        Some(&mut self.calls)
+    }
+
+    fn content(&mut self, delta: Delta, out: &mut BytesMut) {
         match delta {
             Delta::Start { id, model } => {
                 self.id = id;
@@ -639,32 +649,18 @@ impl Writer {
                 self.chunk(vec![json!({"text": text, "thought": true})], None, out);
             }
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
-            Delta::ToolCall { index, id, name } => self.calls.open(index, id, name),
-            Delta::ToolArgs { index, args } => self.calls.args(index, &args),
             Delta::Tokens(u) => self.usage.merge(u),
             Delta::Stop(stop) => self.stop = Some(stop),
-            Delta::Done => self.finish(out),
-            Delta::Error { status, message } => self.fail(crate::protocol::kind_of_status(status), &message, out),
+            // The trait's `write` ends the stream and holds the calls.
+            Delta::Done | Delta::Error { .. } | Delta::ToolCall { .. } | Delta::ToolArgs { .. } => {}
         }
     }
 
     /// The last chunk: the tool calls, the finish reason, the usage.
-    pub fn finish(&mut self, out: &mut BytesMut) {
-        if self.done {
-            return;
-        }
-        self.done = true;
+    fn end(&mut self, out: &mut BytesMut) {
         let parts: Vec<Value> = self.calls.take().iter().map(call_part).collect();
         let stop = self.stop.take().unwrap_or_default();
         self.chunk(parts, Some(finish_reason(&stop)), out);
-    }
-
-    /// A failure told in Gemini's words: a last `{"error":…}` chunk.
-    pub fn fail(&mut self, kind: ErrorKind, message: &str, out: &mut BytesMut) {
-        if !self.done {
-            self.done = true;
-            out.put_slice(&super::error_event(kind, message));
-        }
     }
 }
 
@@ -701,10 +697,12 @@ mod tests {
         let mut reader = Reader::default();
         let mut deltas = Vec::new();
         reader.read(
+            None,
             r#"{"candidates":[{"content":{"parts":[{"text":"hi"}]}}],"responseId":"r1","modelVersion":"g"}"#,
             &mut deltas,
         );
         reader.read(
+            None,
             r#"{"candidates":[{"content":{"parts":[{"functionCall":{"name":"f","args":{"a":1}}}]},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":3,"candidatesTokenCount":4}}"#,
             &mut deltas,
         );

@@ -7,18 +7,19 @@
 //! for usage in streams (`stream_options.include_usage`); the client's
 //! stream gets the usage chunk only if it asked for it.
 
+use crate::protocol::stream_turn::{StreamReader, StreamWriter};
 use std::borrow::Cow;
 
 use bytes::{BufMut, BytesMut};
 use serde_json::{Value, json};
 
+use crate::protocol::Protocol;
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{Arr, Obj, put_str, put_u64};
 use crate::protocol::turn::{
     Delta, Image, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
     custom_tool_schema, push, refusal,
 };
-use crate::protocol::{ErrorKind, Protocol};
 
 fn text_of(content: &Value) -> String {
     match content {
@@ -538,9 +539,9 @@ pub struct Reader {
     stopped: bool,
 }
 
-impl Reader {
+impl StreamReader for Reader {
     /// Reads one event's data.
-    pub fn read(&mut self, data: &str, out: &mut Vec<Delta>) {
+    fn read(&mut self, _name: Option<&str>, data: &str, out: &mut Vec<Delta>) {
         if data.trim() == "[DONE]" {
             out.push(Delta::Done);
             return;
@@ -797,12 +798,16 @@ impl Writer {
             self.chunk(json!({"role": "assistant", "content": ""}), None, out);
         }
     }
+}
 
-    /// Writes one delta.
-    pub fn write(&mut self, delta: Delta, out: &mut BytesMut) {
-        if self.done {
-            return;
-        }
+impl StreamWriter for Writer {
+    const PROTOCOL: Protocol = Protocol::OpenAiChat;
+
+    fn ended(&mut self) -> &mut bool {
+        &mut self.done
+    }
+
+    fn content(&mut self, delta: Delta, out: &mut BytesMut) {
         match delta {
             Delta::Start { id, model } => {
                 if !self.started {
@@ -846,21 +851,14 @@ impl Writer {
             }
             Delta::Tokens(u) => self.usage = Some(u),
             Delta::Stop(stop) => self.stop = Some(stop),
-            Delta::Done => self.finish(out),
-            Delta::Error { status, message } => {
-                self.done = true;
-                out.put_slice(&super::error_event(crate::protocol::kind_of_status(status), &message));
-            }
+            // The trait's `write` ends the stream.
+            Delta::Done | Delta::Error { .. } => {}
         }
     }
 
     /// The end: the finish chunk, usage if asked, `[DONE]` (once).
-    pub fn finish(&mut self, out: &mut BytesMut) {
-        if self.done {
-            return;
-        }
+    fn end(&mut self, out: &mut BytesMut) {
         self.start(out);
-        self.done = true;
         let stop = self.stop.take().unwrap_or_default();
         self.chunk(json!({}), Some(finish_reason(&stop)), out);
         if self.include_usage
@@ -871,13 +869,5 @@ impl Writer {
             out.put_slice(&sse_event(None, chunk.to_string().as_bytes()));
         }
         out.put_slice(b"data: [DONE]\n\n");
-    }
-
-    /// A failure told in chat's words (nothing after it).
-    pub fn fail(&mut self, kind: ErrorKind, message: &str, out: &mut BytesMut) {
-        if !self.done {
-            self.done = true;
-            out.put_slice(&super::error_event(kind, message));
-        }
     }
 }

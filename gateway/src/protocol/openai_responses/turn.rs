@@ -10,16 +10,17 @@
 //! it goes back only to a Responses target. Tool calls are written whole
 //! when the answer ends (arguments reassembled), after its text.
 
+use crate::protocol::stream_turn::StreamWriter;
 use bytes::{BufMut, BytesMut};
 use serde_json::{Value, json};
 
+use crate::protocol::Protocol;
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{put_str, put_u64};
 use crate::protocol::turn::{
     Calls, Delta, Image, Opaque, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall,
     ToolChoice, custom_tool_schema, push, refusal,
 };
-use crate::protocol::{ErrorKind, Protocol};
 
 fn content_parts(content: &Value, at: &str) -> Result<Vec<Part>, Refusal> {
     let items = match content {
@@ -432,12 +433,21 @@ impl Writer {
             }
         }
     }
+}
 
-    /// Writes one delta.
-    pub fn write(&mut self, delta: Delta, out: &mut BytesMut) {
-        if self.done {
-            return;
-        }
+impl StreamWriter for Writer {
+    const PROTOCOL: Protocol = Protocol::OpenAiResponses;
+    const HOLDS_CALLS: bool = true;
+
+    fn ended(&mut self) -> &mut bool {
+        &mut self.done
+    }
+
+    fn calls(&mut self) -> Option<&mut Calls> {
+        Some(&mut self.calls)
+    }
+
+    fn content(&mut self, delta: Delta, out: &mut BytesMut) {
         match delta {
             Delta::Start { id, model } => {
                 if !self.started {
@@ -478,22 +488,17 @@ impl Writer {
                 );
             }
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
-            Delta::ToolCall { index, id, name } => self.calls.open(index, id, name),
-            Delta::ToolArgs { index, args } => self.calls.args(index, &args),
             Delta::Tokens(u) => self.usage = Some(u),
             Delta::Stop(stop) => self.stop = Some(stop),
-            Delta::Done => self.finish(out),
-            Delta::Error { status, message } => self.fail(crate::protocol::kind_of_status(status), &message, out),
+            // The trait's `write` ends the stream and holds the calls.
+            Delta::Done | Delta::Error { .. } | Delta::ToolCall { .. } | Delta::ToolArgs { .. } => {}
         }
     }
 
     /// The end: open item closed, tool calls written whole, then
     /// `response.completed` (or `response.incomplete` at a length stop)
     /// with every item and the usage.
-    pub fn finish(&mut self, out: &mut BytesMut) {
-        if self.done {
-            return;
-        }
+    fn end(&mut self, out: &mut BytesMut) {
         self.start(out);
         self.close(out);
         for call in self.calls.take() {
@@ -537,7 +542,6 @@ impl Writer {
             self.event("response.output_item.done", json!({"output_index": at, "item": done}), out);
             self.output.push(done);
         }
-        self.done = true;
         let (status, incomplete) = status_of(&self.stop.take().unwrap_or_default());
         let output = std::mem::take(&mut self.output);
         if let Some(keep) = &self.keep {
@@ -546,14 +550,5 @@ impl Writer {
         let r = response(&self.id, &self.model, status, output, self.usage.as_ref(), incomplete);
         let name = if status == "completed" { "response.completed" } else { "response.incomplete" };
         self.event(name, json!({"response": r}), out);
-    }
-
-    /// A failure told in the Responses API's words (see
-    /// [`super::error_event`]); nothing after it.
-    pub fn fail(&mut self, kind: ErrorKind, message: &str, out: &mut BytesMut) {
-        if !self.done {
-            self.done = true;
-            out.put_slice(&super::error_event(kind, message));
-        }
     }
 }
