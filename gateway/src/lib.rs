@@ -8,9 +8,10 @@
 //! client ──► server    model endpoints straight to their handler (`Front`),
 //!                      the rest via the route table; admission: the client
 //!                      key (constant time), the size limit, raw bytes kept
-//!        ──► exchange  the request's one owner, made at arrival: it starts
-//!                      every run of the attempt loop and reports it once
-//!        ──► route     `protocol` reads `model`, `stream` and the routing
+//!        ──► exchange  the request's one owner, made at arrival: it routes
+//!                      it, starts every run of the attempt loop, answers and
+//!                      reports it once
+//!        ──► route     (`exchange::route`) `protocol` reads `model`, `stream` and the routing
 //!                      fields; `config` gives the alias or pattern's targets;
 //!                      the deadline, priority, the pin of stored state
 //!                      (`pins`, `kept`), the key's `lanes` → a `relay::Job`
@@ -81,7 +82,6 @@ pub mod relay;
 pub mod report;
 pub mod request_id;
 pub mod retry;
-pub mod route;
 pub mod secrets;
 pub mod server;
 pub mod shared;

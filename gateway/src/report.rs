@@ -20,56 +20,58 @@ use crate::logging::Clean;
 use crate::metrics::{Metrics, Sample};
 use crate::record::{AttemptLog, Outcome, Usage};
 
-/// The record of one request.
+/// The record of one request. Its fields are written by the request's
+/// owner only ([`crate::exchange::Exchange`]; routing says what it learned
+/// in a `route::Asked` the owner takes in) and read here.
 #[derive(Debug)]
 pub struct Report {
     /// Request id (`x-tidegate-request-id`).
-    pub id: uuid::Uuid,
+    pub(crate) id: uuid::Uuid,
     /// When the request arrived.
-    pub started: Instant,
+    pub(crate) started: Instant,
     /// Client key name.
-    pub client: Option<String>,
+    pub(crate) client: Option<String>,
     /// Model alias asked for (shared with the config for a known alias,
     /// so recording it allocates nothing).
-    pub model: Option<Arc<str>>,
+    pub(crate) model: Option<Arc<str>>,
     /// Client asked for SSE.
-    pub stream: bool,
+    pub(crate) stream: bool,
     /// Upstream that gave the final answer.
-    pub upstream: Option<UpstreamId>,
+    pub(crate) upstream: Option<UpstreamId>,
     /// Every attempt.
-    pub attempts: Vec<AttemptLog>,
+    pub(crate) attempts: Vec<AttemptLog>,
     /// Status sent to the client.
-    pub status: u16,
+    pub(crate) status: u16,
     /// Error class of the final failure, if any.
-    pub class: Option<Class>,
+    pub(crate) class: Option<Class>,
     /// Error message (what the client was told, or why a stream broke).
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// Time to the first byte sent to the client.
-    pub ttfb: Option<Duration>,
+    pub(crate) ttfb: Option<Duration>,
     /// Time spent waiting for upstream slots and rate buckets.
-    pub queue_wait: Duration,
+    pub(crate) queue_wait: Duration,
     /// Tokens reported by the upstream.
-    pub usage: Usage,
+    pub(crate) usage: Usage,
     /// Text already delivered when a stream broke.
-    pub partial: Option<String>,
+    pub(crate) partial: Option<String>,
     /// How a JSON answer's completion was told when not from its own
     /// bytes (see [`crate::stream::json_end::Judged::label`]).
-    pub completion_from: Option<&'static str>,
+    pub(crate) completion_from: Option<&'static str>,
     /// The client's volume was flagged as far above its baseline.
-    pub anomaly: bool,
+    pub(crate) anomaly: bool,
     /// The client's protocol (`None` before the endpoint is known).
-    pub protocol: Option<crate::protocol::Protocol>,
+    pub(crate) protocol: Option<crate::protocol::Protocol>,
     /// What translation left out of the request, declared.
-    pub dropped: Option<String>,
+    pub(crate) dropped: Option<String>,
     /// Counted in the metrics only: neither journaled nor logged (a
     /// refusal before routing beyond the per-second sample, see
     /// [`crate::flood`]).
-    pub counted_only: bool,
+    pub(crate) counted_only: bool,
     /// Its trace, when `otel` is configured.
-    pub trace: Option<Arc<crate::otel::TraceCtx>>,
+    pub(crate) trace: Option<Arc<crate::otel::TraceCtx>>,
     /// The client program, when recognised: whose retry contract
     /// tidegate's final answer speaks.
-    pub agent: crate::client::Client,
+    pub(crate) agent: crate::client::Client,
 }
 
 /// Where a finished report goes: the journal and the metrics.

@@ -13,6 +13,7 @@
 //! cancelled (the client went away).
 
 pub mod body;
+pub mod route;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,12 +24,16 @@ use axum::response::Response;
 use http::{HeaderValue, header};
 use tokio::time::Instant;
 
+use crate::anomaly::Volume;
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::headers;
 use crate::lanes::Pass;
 use crate::limits::Permit;
+use crate::protocol::Endpoint;
 use crate::protocol::{self, Protocol};
 use crate::record::Outcome;
+use crate::relay::progress::Progress;
 use crate::relay::{self, Answer, Job, Relayed};
 use crate::report::{Report, Sink};
 use crate::stream::resume::Reopened;
@@ -73,11 +78,14 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// A request that just arrived: counted in flight (a graceful shutdown
-    /// waits for it) until it is reported.
-    pub fn arrive(id: uuid::Uuid, arrived: Instant, sink: Arc<Sink>) -> Self {
+    /// A request that just arrived (`headers`: the client's, which say
+    /// what program sent it): counted in flight (a graceful shutdown waits
+    /// for it) until it is reported.
+    pub fn arrive(id: uuid::Uuid, arrived: Instant, sink: Arc<Sink>, headers: &http::HeaderMap) -> Self {
         sink.active.fetch_add(1, Ordering::AcqRel);
-        Self { report: Report::new(id, arrived), sink, job: None, pass: None, permit: None, done: false }
+        let mut report = Report::new(id, arrived);
+        report.agent = crate::client::Client::recognise(headers);
+        Self { report, sink, job: None, pass: None, permit: None, done: false }
     }
 
     /// The request's id.
@@ -85,15 +93,128 @@ impl Exchange {
         self.report.id
     }
 
-    /// The record, for admission and routing to fill in who asked for what.
-    pub fn record(&mut self) -> &mut Report {
-        &mut self.report
+    /// Admission let the request in, for the client key named `client`
+    /// (`None` without client keys).
+    pub fn admitted(&mut self, client: Option<String>) {
+        self.report.client = client;
+    }
+
+    /// The admitted request from routing to the answer's head: routing
+    /// ([`route`]), the client's volume checked against its baseline, the
+    /// attempt loop — and, for a stream still waiting after
+    /// `stream_keepalive_after`, the head committed with keep-alive
+    /// comments while the loop goes on in the body — then the answer.
+    #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+    pub fn run(
+        mut self,
+        gw: Arc<Gateway>,
+        endpoint: Endpoint,
+        named: Option<String>,
+        headers: http::HeaderMap,
+        body: bytes::Bytes,
+    ) -> impl Future<Output = Response> + Send {
+        // Not an `async fn`: it would keep the headers and the body twice
+        // in the request's future.
+        async move {
+            let protocol = endpoint.protocol();
+            // The job is moved into the loop: scoped, so its room in this
+            // future ends there.
+            let (mut running, keepalive) = {
+                let mut asked = route::Asked::default();
+                let client = self.report.client.clone();
+                let routed = route::route(
+                    &gw,
+                    endpoint,
+                    named,
+                    headers,
+                    body,
+                    client.as_deref(),
+                    self.report.started,
+                    &mut asked,
+                )
+                .await;
+                self.asked(asked);
+                let mut job = match routed {
+                    Ok(route::Routed::Relay(job)) => job,
+                    Ok(route::Routed::Estimate(tokens)) => return self.estimate(tokens, protocol),
+                    Err(error) => return self.reject(error, protocol),
+                };
+                self.observe_volume(&gw, &mut job);
+                let after = match job.head.stream && protocol.keeps_alive_with_comments() {
+                    true => gw.config.stream_keepalive_after,
+                    false => None,
+                };
+                let keepalive = after.map(|after| (after, job.progress.clone()));
+                (self.start(job), keepalive)
+            };
+            let ran = match keepalive {
+                Some((after, progress)) => {
+                    tokio::select! {
+                        ran = &mut running => ran,
+                        () = tokio::time::sleep(after) => {
+                            return self.commit_waiting(&gw, protocol, running, progress);
+                        }
+                    }
+                }
+                None => running.await,
+            };
+            let answer = self.absorb(ran);
+            self.respond(answer, protocol)
+        }
+    }
+
+    /// Takes in what routing learned of the request (also when it refused
+    /// it): the model, whether it streams, its protocol, its trace.
+    fn asked(&mut self, asked: route::Asked) {
+        self.report.model = asked.model;
+        self.report.stream = asked.stream;
+        self.report.protocol = asked.protocol;
+        self.report.trace = asked.trace;
+    }
+
+    /// The client's volume against its own baseline: a flood is recorded,
+    /// warned about once, and — with an `anomaly_action` — this request
+    /// already goes at the penalty's priority.
+    fn observe_volume(&mut self, gw: &Gateway, job: &mut Job) {
+        let Volume::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, self.report.started) else {
+            return;
+        };
+        self.report.anomaly = true;
+        let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
+        if let (true, Some(lane)) = (penalised, &job.lane) {
+            job.who = lane.who(Some(job.who.priority), Instant::now());
+        }
+        if first {
+            gw.sink.metrics.anomaly(&job.who.name);
+            tracing::warn!(client = %job.who.name, count, baseline, penalised, "request volume far above this client's baseline");
+        }
+    }
+
+    /// The loop is still waiting after `stream_keepalive_after`: commit 200
+    /// and SSE headers now, and let the body own the rest of the request.
+    fn commit_waiting(
+        mut self,
+        gw: &Gateway,
+        protocol: Protocol,
+        running: Running,
+        progress: Arc<Progress>,
+    ) -> Response {
+        self.report.status = 200;
+        let id = self.report.id;
+        let attempts = progress.attempts() as usize;
+        let body = ExchangeBody::waiting(self, running, gw.config.stream_keepalive_every, progress, protocol);
+        let mut response = Response::new(axum::body::Body::new(body));
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        headers::label(headers, id, None, attempts);
+        response
     }
 
     /// Starts a run of the attempt loop on the routed request. Every run
     /// goes this way; [`Exchange::absorb`] takes its result (and the
     /// request back).
-    pub fn start(&mut self, job: Job) -> Running {
+    fn start(&mut self, job: Job) -> Running {
         Box::pin(relay::relay(job))
     }
 

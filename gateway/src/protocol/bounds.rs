@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use super::turn::Refusal;
+use super::refusal::Refusal;
 
 /// Deepest nesting of objects and arrays in the JSON tidegate reads:
 /// serde_json's own limit for the trees it builds, applied as well where

@@ -24,6 +24,7 @@ pub mod head;
 pub mod json;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod refusal;
 pub mod stream_turn;
 pub mod turn;
 pub mod walk;

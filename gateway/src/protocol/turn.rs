@@ -11,34 +11,9 @@
 
 use serde_json::Value;
 
+pub use super::refusal::Refusal;
+pub(crate) use super::refusal::refusal;
 use super::{Protocol, bounds};
-
-/// Why a request cannot be said in a target's protocol: the field and
-/// the reason, told to the client as a 400 (a reader of any protocol
-/// gives it; nothing is sent).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Refusal(String);
-
-impl From<String> for Refusal {
-    fn from(why: String) -> Self {
-        Refusal(why)
-    }
-}
-
-/// A [`Refusal`] from `format!` arguments.
-macro_rules! refusal {
-    ($($arg:tt)*) => {
-        $crate::protocol::turn::Refusal::from(format!($($arg)*))
-    };
-}
-pub(crate) use refusal;
-
-impl From<&str> for Refusal {
-    fn from(why: &str) -> Self {
-        Refusal(why.to_owned())
-    }
-}
 
 /// Appends parts as a message of `role`, merged into the last one if it
 /// has the same role (the protocols differ on consecutive turns).

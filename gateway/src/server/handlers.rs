@@ -1,5 +1,5 @@
-//! Thin handlers: admit (key, origin, body), route ([`crate::route`]),
-//! hand the request's [`Exchange`] the attempt loop, answer.
+//! Thin handlers: admit (key, origin, body) and hand the request to its
+//! [`Exchange`], which routes it, runs the attempt loop and answers.
 
 use std::sync::Arc;
 
@@ -11,15 +11,11 @@ use tokio::time::Instant;
 
 use super::auth::{GOOG_API_KEY, authenticate, key_from_query, local_only};
 use super::body;
-use crate::anomaly::Volume;
 use crate::error::GatewayError;
-use crate::exchange::body::ExchangeBody;
-use crate::exchange::{Exchange, Running};
+use crate::exchange::Exchange;
 use crate::gateway::Gateway;
 use crate::headers;
 use crate::protocol::{self, Endpoint, Protocol};
-use crate::relay::progress::Progress;
-use crate::route;
 
 /// The protocol a request outside the model endpoints is answered in:
 /// Anthropic's for clients that send `anthropic-version`, Google's for
@@ -151,8 +147,7 @@ pub(super) fn proxy(
         // One clock read for the request's arrival: its report, deadline,
         // lane and volume count all start from it.
         let arrived = Instant::now();
-        let mut exchange = Exchange::arrive(crate::request_id::next(), arrived, gw.sink.clone());
-        exchange.record().agent = crate::client::Client::recognise(&parts.headers);
+        let mut exchange = Exchange::arrive(crate::request_id::next(), arrived, gw.sink.clone(), &parts.headers);
         if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
             // Shutting down: an honest 503 at once.
             body::discard(body, &parts.headers, gw.config.body_timeout).await;
@@ -160,57 +155,12 @@ pub(super) fn proxy(
         }
         let body = match admit(&gw, &parts.headers, body).await {
             Ok((client, body)) => {
-                exchange.record().client = client;
+                exchange.admitted(client);
                 body
             }
             Err(error) => return exchange.reject(error, protocol),
         };
-        // The job is moved into the loop: scoped, so its room in this
-        // future ends there.
-        let (mut running, keepalive) = {
-            let mut job = match route::route(&gw, endpoint, named, parts.headers, body, exchange.record()).await {
-                Ok(route::Routed::Relay(job)) => job,
-                Ok(route::Routed::Estimate(tokens)) => return exchange.estimate(tokens, protocol),
-                Err(error) => return exchange.reject(error, protocol),
-            };
-            if let Volume::Flood { first, count, baseline } = gw.anomaly.observe(&job.who.name, arrived) {
-                exchange.record().anomaly = true;
-                let penalised = job.lane.as_ref().is_some_and(|lane| lane.flagged(Instant::now()));
-                if let (true, Some(lane)) = (penalised, &job.lane) {
-                    // This request already goes at the penalty's priority.
-                    job.who = lane.who(Some(job.who.priority), Instant::now());
-                }
-                if first {
-                    gw.sink.metrics.anomaly(&job.who.name);
-                    tracing::warn!(
-                        client = %job.who.name,
-                        count,
-                        baseline,
-                        penalised,
-                        "request volume far above this client's baseline"
-                    );
-                }
-            }
-            let after = match job.head.stream && protocol.keeps_alive_with_comments() {
-                true => gw.config.stream_keepalive_after,
-                false => None,
-            };
-            let keepalive = after.map(|after| (after, job.progress.clone()));
-            (exchange.start(job), keepalive)
-        };
-        let ran = match keepalive {
-            Some((after, progress)) => {
-                tokio::select! {
-                    ran = &mut running => ran,
-                    () = tokio::time::sleep(after) => {
-                        return commit_waiting(&gw, protocol, exchange, running, progress);
-                    }
-                }
-            }
-            None => running.await,
-        };
-        let answer = exchange.absorb(ran);
-        let response = exchange.respond(answer, protocol);
+        let response = exchange.run(gw, endpoint, named, parts.headers, body).await;
         if array { as_json_array(response) } else { response }
     }
 }
@@ -227,27 +177,6 @@ fn as_json_array(response: Response) -> Response {
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::new(protocol::gemini::array::JsonArray::new(body)))
-}
-
-/// The loop is still waiting after `stream_keepalive_after`: commit 200
-/// and SSE headers now, and let the body own the rest of the request.
-fn commit_waiting(
-    gw: &Gateway,
-    protocol: Protocol,
-    mut exchange: Exchange,
-    running: Running,
-    progress: Arc<Progress>,
-) -> Response {
-    exchange.record().status = 200;
-    let id = exchange.id();
-    let attempts = progress.attempts() as usize;
-    let body = ExchangeBody::waiting(exchange, running, gw.config.stream_keepalive_every, progress, protocol);
-    let mut response = Response::new(Body::new(body));
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers::label(headers, id, None, attempts);
-    response
 }
 
 /// Admission: the client key (or, with no keys configured, a local

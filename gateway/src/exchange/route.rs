@@ -21,19 +21,38 @@ use crate::ids::UpstreamId;
 use crate::limits::Priority;
 use crate::protocol::{self, Endpoint};
 use crate::relay::Job;
-use crate::report::Report;
 
-/// Routes an admitted request (`body`, the client's `headers`) asked on
-/// `endpoint`, for the model `named` in its path (Gemini) or else in its
-/// body; fills in the record's model, stream and trace.
+/// What routing learned of a request, refused or not, for its owner's
+/// record: the model asked (a configured alias as the config's shared
+/// string), whether it streams, its protocol, its trace.
+#[derive(Debug, Default)]
+pub struct Asked {
+    /// The model asked for.
+    pub model: Option<Arc<str>>,
+    /// The client asked for SSE.
+    pub stream: bool,
+    /// The client's protocol.
+    pub protocol: Option<protocol::Protocol>,
+    /// Its trace, when `otel` is configured.
+    pub trace: Option<Arc<crate::otel::TraceCtx>>,
+}
+
+/// Routes an admitted request (`body`, the client's `headers`) of the
+/// key named `client`, arrived at `started`, asked on `endpoint`, for the
+/// model `named` in its path (Gemini) or else in its body; says in
+/// `asked` what it learned on the way, whether it routes the request or
+/// refuses it.
 #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
+#[expect(clippy::too_many_arguments, reason = "the request's parts, each moved in once")]
 pub fn route<'a>(
     gw: &'a Arc<Gateway>,
     endpoint: Endpoint,
     named: Option<String>,
     headers: HeaderMap,
     body: Bytes,
-    record: &'a mut Report,
+    client: Option<&'a str>,
+    started: Instant,
+    asked: &'a mut Asked,
 ) -> impl Future<Output = Result<Routed, GatewayError>> + Send + 'a {
     // Not an `async fn`: it would keep the headers and the body twice in
     // the request's future.
@@ -43,12 +62,12 @@ pub fn route<'a>(
             None => protocol::peek(&body),
         };
         let head = head.map_err(|e| GatewayError::BadRequest(e.to_string()))?;
-        record.stream = head.stream;
-        record.protocol = Some(endpoint.protocol());
+        asked.stream = head.stream;
+        asked.protocol = Some(endpoint.protocol());
         let found = gw.config.find_route(&head.model);
         // A configured alias is recorded as the config's shared string; a name
         // a pattern matched, as asked.
-        record.model = Some(
+        asked.model = Some(
             match found.and_then(|(i, _)| gw.aliases.get(i.index())).filter(|a| a.as_ref() == head.model.as_str()) {
                 Some(alias) => alias.clone(),
                 None => Arc::from(head.model.as_str()),
@@ -87,21 +106,21 @@ pub fn route<'a>(
         }
         // The key's own deadline (an agent's minutes, a chat app's
         // seconds) over the alias's.
-        let lane = record.client.as_deref().and_then(|name| gw.lanes.get(name)).cloned();
+        let lane = client.and_then(|name| gw.lanes.get(name)).cloned();
         let base = match &lane {
             Some(lane) => lane.deadline(),
             None => gw.config.client_deadline,
         };
         // tidegate's own headers are looked up only when there are any.
         let own = headers::any_own(&headers);
-        let deadline = deadline(base.unwrap_or(model.deadline), own.then_some(&headers), record.started)?;
+        let deadline = deadline(base.unwrap_or(model.deadline), own.then_some(&headers), started)?;
         // Whose what this request continues or makes tidegate keep is.
         let owner: crate::kept::Owner = lane.as_ref().map(|l| l.owner().clone());
         let pin = match &head.previous_response_id {
             Some(id) => continued(gw, &owner, id, model, &way).await?,
             None => None,
         };
-        let asked = match own.then(|| headers.get(headers::PRIORITY)).flatten() {
+        let priority = match own.then(|| headers.get(headers::PRIORITY)).flatten() {
             None => None,
             Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
                 GatewayError::BadRequest(format!(
@@ -116,10 +135,10 @@ pub fn route<'a>(
             .tracer
             .as_ref()
             .map(|_| Arc::new(crate::otel::TraceCtx::start(&headers, endpoint.operation(), family.as_str())));
-        record.trace = trace.clone();
+        asked.trace = trace.clone();
         let who = match &lane {
-            Some(lane) => lane.who(asked, record.started),
-            None => gw.lanes.anonymous(asked.unwrap_or_default()),
+            Some(lane) => lane.who(priority, started),
+            None => gw.lanes.anonymous(priority.unwrap_or_default()),
         };
         // A conversation over several targets goes back where its prompt
         // is cached (a request pinned to stored state goes there anyway).
