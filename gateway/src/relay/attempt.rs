@@ -55,8 +55,6 @@ pub(super) async fn attempt(job: &Job, index: UpstreamId, upstream: &Upstream, s
     let (Sent { body, endpoint, back }, model) = sent;
     let deadline = job.deadline;
     let timeout = upstream.config.header_timeout.min(deadline.saturating_duration_since(Instant::now()));
-    let rules = &upstream.config.rules;
-    let now = jiff::Timestamp::now;
     // The request is built in a block so that it is not also kept in this
     // future beside the copy the send future holds.
     let sending = {
@@ -96,30 +94,67 @@ pub(super) async fn attempt(job: &Job, index: UpstreamId, upstream: &Upstream, s
         return Attempt::Failure(classify::classify_odd(status.as_u16(), &odd), None);
     }
     if !status.is_success() {
-        let (mut parts, bytes) = read_error(resp, deadline).await;
-        let mut bytes = upstream.error_body(&mut parts, bytes);
-        let outcome = classify::classify(parts.status, &parts.headers, &bytes, rules, now());
-        if let Some(back) = &back {
-            // Classified as the target said it; told in the client's words.
-            bytes = translate::error(back, parts.status.as_u16(), &bytes);
-            parts.headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-        }
-        return Attempt::Failure(outcome, Some((parts, bytes)));
+        return failed(resp, upstream, back.as_deref(), deadline).await;
     }
     let (mut parts, incoming) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
-    let idle = upstream.config.stream_idle_timeout;
     // The upstream's answer is in the target's protocol; what tidegate
     // says itself is in the client's.
-    let protocol = endpoint.protocol();
-    let name = (index, upstream.config.name.as_str());
-    if !is_sse(&parts.headers) {
+    let answering = Answering { job, upstream, index, protocol: endpoint.protocol(), back: back.as_deref() };
+    match is_sse(&parts.headers) {
+        false => answering.json(parts, incoming).await,
+        true => answering.stream(parts, incoming).await,
+    }
+}
+
+/// An upstream's error answer: its body read (within the deadline),
+/// scrubbed and classified as the target said it, and told in the
+/// client's words when translated.
+async fn failed(
+    resp: http::Response<crate::upstream::UpstreamBody>,
+    upstream: &Upstream,
+    back: Option<&translate::Back>,
+    deadline: Instant,
+) -> Attempt {
+    let (mut parts, bytes) = read_error(resp, deadline).await;
+    let mut bytes = upstream.error_body(&mut parts, bytes);
+    let outcome =
+        classify::classify(parts.status, &parts.headers, &bytes, &upstream.config.rules, jiff::Timestamp::now());
+    if let Some(back) = back {
+        bytes = translate::error(back, parts.status.as_u16(), &bytes);
+        parts.headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    }
+    Attempt::Failure(outcome, Some((parts, bytes)))
+}
+
+/// A 2xx answer on its way to becoming the client's.
+struct Answering<'a> {
+    job: &'a Job,
+    upstream: &'a Upstream,
+    index: UpstreamId,
+    /// The target's protocol (the answer's).
+    protocol: protocol::Protocol,
+    /// The way back, for a translated request.
+    back: Option<&'a translate::Back>,
+}
+
+impl Answering<'_> {
+    fn name(&self) -> (UpstreamId, &str) {
+        (self.index, self.upstream.config.name.as_str())
+    }
+
+    /// A JSON answer: relayed as it streams, or — for a protocol that can
+    /// hide a failure under 200, and for a translation — read whole first
+    /// (within the deadline, at most [`MAX_CHECKED_ANSWER`]).
+    async fn json(self, mut parts: http::response::Parts, incoming: crate::upstream::UpstreamBody) -> Attempt {
+        let (protocol, name, idle) = (self.protocol, self.name(), self.upstream.config.stream_idle_timeout);
         let json = JsonEnd::new(&parts.headers);
-        if !protocol.reads_json_answers() && back.is_none() {
+        if !protocol.reads_json_answers() && self.back.is_none() {
             let body = RelayBody::raw(incoming, json, idle, protocol, name);
             return Attempt::Success(Answer::Stream(parts, Box::new(body)));
         }
-        let read = tokio::time::timeout_at(deadline, Limited::new(incoming, MAX_CHECKED_ANSWER).collect()).await;
+        let read =
+            tokio::time::timeout_at(self.job.deadline, Limited::new(incoming, MAX_CHECKED_ANSWER).collect()).await;
         let bytes = match read {
             Ok(Ok(collected)) => collected.to_bytes(),
             Ok(Err(err)) => {
@@ -133,59 +168,73 @@ pub(super) async fn attempt(job: &Job, index: UpstreamId, upstream: &Upstream, s
         };
         // What it says is read from its content (decoded if compressed);
         // the client gets the bytes as they came.
-        let read = match json_end::decoded(&parts.headers, &bytes, MAX_CHECKED_ANSWER) {
-            Some(plain) => protocol.read_answer(&plain),
-            None => protocol.read_answer(&bytes),
-        };
+        let plain = json_end::decoded(&parts.headers, &bytes, MAX_CHECKED_ANSWER);
+        let read = protocol.read_answer(plain.as_deref().unwrap_or(&bytes));
         if let Some(error) = read.failed {
-            return carried_failure(&parts.headers, error, upstream, back.as_deref());
+            return carried_failure(&parts.headers, error, self.upstream, self.back);
         }
         parts.headers.remove(header::CONTENT_LENGTH);
-        if let Some(back) = &back {
-            let plain = json_end::decoded(&parts.headers, &bytes, MAX_CHECKED_ANSWER);
-            let translated = translate::answer(back, plain.as_deref().unwrap_or(&bytes));
-            let bytes = match translated {
-                Ok(bytes) => bytes,
-                Err(why) => return Attempt::Failure(classify::classify_odd(status.as_u16(), &why.to_string()), None),
-            };
-            parts.headers.remove(header::CONTENT_ENCODING);
-            parts.headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-            let json = JsonEnd::new(&parts.headers);
-            let body = RelayBody::read(bytes, json, back.client, name, None);
-            return Attempt::Success(Answer::Stream(parts, Box::new(body)));
-        }
-        return Attempt::Success(Answer::Stream(
-            parts,
-            Box::new(RelayBody::read(bytes, json, protocol, name, read.id)),
-        ));
+        let Some(back) = self.back else {
+            return Attempt::Success(Answer::Stream(
+                parts,
+                Box::new(RelayBody::read(bytes, json, protocol, name, read.id)),
+            ));
+        };
+        let bytes = match translate::answer(back, plain.as_deref().unwrap_or(&bytes)) {
+            Ok(bytes) => bytes,
+            Err(why) => return Attempt::Failure(classify::classify_odd(parts.status.as_u16(), &why.to_string()), None),
+        };
+        parts.headers.remove(header::CONTENT_ENCODING);
+        parts.headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+        let json = JsonEnd::new(&parts.headers);
+        let body = RelayBody::read(bytes, json, back.client, name, None);
+        Attempt::Success(Answer::Stream(parts, Box::new(body)))
     }
-    match handshake::handshake(incoming, protocol, idle, job.deadline, job.gw.config.max_stream_event, back.is_some())
-        .await
-    {
-        Handshake::Open { inner, scanner, ready } => {
-            // What the client gets is not always the upstream's bytes (an
-            // error event of tidegate's after a break, a translation), so
-            // an upstream's length is never passed on: the stream is chunked.
-            parts.headers.remove(header::CONTENT_LENGTH);
-            let mut body = RelayBody::sse(inner, idle, scanner, ready, protocol, name);
-            body.close_with(&job.gw.closing);
-            if let Some(back) = &back {
-                body.translate(back);
+
+    /// An SSE answer: held until it proves itself (the handshake), then
+    /// relayed event by event, translated when the client speaks another
+    /// protocol.
+    async fn stream(self, mut parts: http::response::Parts, incoming: crate::upstream::UpstreamBody) -> Attempt {
+        let (job, idle) = (self.job, self.upstream.config.stream_idle_timeout);
+        let shook = handshake::handshake(
+            incoming,
+            self.protocol,
+            idle,
+            job.deadline,
+            job.gw.config.max_stream_event,
+            self.back.is_some(),
+        );
+        match shook.await {
+            Handshake::Open { inner, scanner, ready } => {
+                // What the client gets is not always the upstream's bytes
+                // (an error event of tidegate's after a break, a
+                // translation), so an upstream's length is never passed
+                // on: the stream is chunked.
+                parts.headers.remove(header::CONTENT_LENGTH);
+                let mut body = RelayBody::sse(inner, idle, scanner, ready, self.protocol, self.name());
+                body.close_with(&job.gw.closing);
+                if let Some(back) = self.back {
+                    body.translate(back);
+                }
+                Attempt::Success(Answer::Stream(parts, Box::new(body)))
             }
-            Attempt::Success(Answer::Stream(parts, Box::new(body)))
-        }
-        Handshake::Rejected(data) => carried_failure(&parts.headers, data, upstream, back.as_deref()),
-        Handshake::Empty => {
-            let note = b"empty stream: the upstream ended the stream before any content";
-            Attempt::Failure(classify::classify(StatusCode::OK, &parts.headers, note, rules, now()), None)
-        }
-        Handshake::Broken(detail) => {
-            let failure = TransportFailure::Connection(format!("stream broke before any content: {detail}"));
-            Attempt::Failure(classify::classify_transport(&failure), None)
-        }
-        Handshake::Deadline => {
-            let failure = TransportFailure::Timeout("the stream sent no content before the deadline".into());
-            Attempt::Ended(classify::classify_transport(&failure))
+            Handshake::Rejected(data) => carried_failure(&parts.headers, data, self.upstream, self.back),
+            Handshake::Empty => {
+                let note = b"empty stream: the upstream ended the stream before any content";
+                let rules = &self.upstream.config.rules;
+                Attempt::Failure(
+                    classify::classify(StatusCode::OK, &parts.headers, note, rules, jiff::Timestamp::now()),
+                    None,
+                )
+            }
+            Handshake::Broken(detail) => {
+                let failure = TransportFailure::Connection(format!("stream broke before any content: {detail}"));
+                Attempt::Failure(classify::classify_transport(&failure), None)
+            }
+            Handshake::Deadline => {
+                let failure = TransportFailure::Timeout("the stream sent no content before the deadline".into());
+                Attempt::Ended(classify::classify_transport(&failure))
+            }
         }
     }
 }
