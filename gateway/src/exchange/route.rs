@@ -74,14 +74,7 @@ pub fn route<'a>(
             },
         );
         let family = endpoint.protocol().family();
-        let Some((route, model)) = found else {
-            let known: Vec<&str> = gw.config.aliases().collect();
-            return Err(GatewayError::UnknownModel(format!(
-                "model {:?} is not configured on this gateway; available: {}",
-                head.model,
-                if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
-            )));
-        };
+        let Some((route, model)) = found else { return Err(unknown(gw, &head.model)) };
         let way = |t: &Target| gw.upstreams.get(t.upstream).and_then(|u| u.way(endpoint, t.translate));
         let serving = |t: &Target| way(t).is_some();
         if endpoint.counts_tokens() && !model.targets.iter().any(serving) {
@@ -91,18 +84,7 @@ pub fn route<'a>(
                 .map_err(|why| GatewayError::BadRequest(format!("count_tokens: {why}")));
         }
         if !model.targets.iter().any(serving) {
-            let kinds: Vec<&str> =
-                model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
-            let why = if endpoint.translatable() {
-                "each says translate: false, and none speaks this protocol"
-            } else {
-                "this endpoint is served only by upstreams of its own protocol (it is not translated)"
-            };
-            return Err(GatewayError::UnknownModel(format!(
-                "model {:?} has no target that serves {endpoint} (its upstreams are {}: {why})",
-                head.model,
-                kinds.join(", ")
-            )));
+            return Err(unserved(gw, endpoint, &head.model, model));
         }
         // The key's own deadline (an agent's minutes, a chat app's
         // seconds) over the alias's.
@@ -122,13 +104,7 @@ pub fn route<'a>(
         };
         let priority = match own.then(|| headers.get(headers::PRIORITY)).flatten() {
             None => None,
-            Some(v) => Some(Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
-                GatewayError::BadRequest(format!(
-                    "{}: {:?} is not a priority (interactive or batch)",
-                    headers::PRIORITY,
-                    String::from_utf8_lossy(v.as_bytes())
-                ))
-            })?),
+            Some(v) => Some(priority(v)?),
         };
         let trace = gw
             .sink
@@ -143,14 +119,7 @@ pub fn route<'a>(
         // A conversation over several targets goes back where its prompt
         // is cached (a request pinned to stored state goes there anyway).
         let session = match (&pin, model.affinity && model.targets.len() > 1) {
-            (None, true) => match crate::affinity::session_key(&headers, &body) {
-                Some(key) => {
-                    let bound = gw.sessions.find(&owner, &key).await;
-                    let moving_cost = crate::affinity::moving_cost(body.len());
-                    Some(Arc::new(crate::affinity::Session { key, bound, moving_cost }))
-                }
-                None => None,
-            },
+            (None, true) => session(gw, &owner, &headers, &body).await,
             _ => None,
         };
         Ok(Routed::Relay(Job {
@@ -171,6 +140,56 @@ pub fn route<'a>(
             owner,
         }))
     }
+}
+
+/// The request's conversation and the target its prompt cache is bound
+/// to, if anything identifies a conversation.
+async fn session(
+    gw: &Gateway,
+    owner: &crate::kept::Owner,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Option<Arc<crate::affinity::Session>> {
+    let key = crate::affinity::session_key(headers, body)?;
+    let bound = gw.sessions.find(owner, &key).await;
+    let moving_cost = crate::affinity::moving_cost(body.len());
+    Some(Arc::new(crate::affinity::Session { key, bound, moving_cost }))
+}
+
+/// A model no alias or pattern names: the aliases there are.
+fn unknown(gw: &Gateway, asked: &str) -> GatewayError {
+    let known: Vec<&str> = gw.config.aliases().collect();
+    GatewayError::UnknownModel(format!(
+        "model {asked:?} is not configured on this gateway; available: {}",
+        if known.is_empty() { "(none)".to_string() } else { known.join(", ") }
+    ))
+}
+
+/// No target of `model` (the alias `asked`) serves `endpoint`: why, in
+/// the upstreams' kinds.
+fn unserved(gw: &Gateway, endpoint: Endpoint, asked: &str, model: &ModelRoute) -> GatewayError {
+    let kinds: Vec<&str> =
+        model.targets.iter().filter_map(|t| gw.upstreams.get(t.upstream)).map(|u| u.kind_name()).collect();
+    let why = if endpoint.translatable() {
+        "each says translate: false, and none speaks this protocol"
+    } else {
+        "this endpoint is served only by upstreams of its own protocol (it is not translated)"
+    };
+    GatewayError::UnknownModel(format!(
+        "model {asked:?} has no target that serves {endpoint} (its upstreams are {}: {why})",
+        kinds.join(", ")
+    ))
+}
+
+/// The priority a client asked for (`x-tidegate-priority`).
+fn priority(v: &HeaderValue) -> Result<Priority, GatewayError> {
+    Priority::parse(v.to_str().unwrap_or_default()).ok_or_else(|| {
+        GatewayError::BadRequest(format!(
+            "{}: {:?} is not a priority (interactive or batch)",
+            headers::PRIORITY,
+            String::from_utf8_lossy(v.as_bytes())
+        ))
+    })
 }
 
 /// Where routing sends a request.
