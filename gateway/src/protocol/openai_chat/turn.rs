@@ -76,40 +76,7 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
         match m["role"].as_str() {
             Some("system" | "developer") => crate::protocol::turn::instruct(&mut req, text_of(&m["content"])),
             Some("user") => push(&mut req.messages, Role::User, parts_of(&m["content"], &at)?),
-            Some("assistant") => {
-                let mut parts = Vec::new();
-                let reasoning = m.get("reasoning_content").or_else(|| m.get("reasoning")).and_then(Value::as_str);
-                if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
-                    parts.push(Part::Reasoning { text: text.to_owned(), opaque: None });
-                }
-                parts.extend(parts_of(&m["content"], &at)?);
-                for (j, call) in m["tool_calls"].as_array().into_iter().flatten().enumerate() {
-                    let id = call["id"].as_str().unwrap_or_default().to_owned();
-                    let call = match call["type"].as_str() {
-                        Some("custom") => ToolCall {
-                            id,
-                            name: call["custom"]["name"].as_str().unwrap_or_default().to_owned(),
-                            arguments: json!({"input": call["custom"]["input"].as_str().unwrap_or_default()})
-                                .to_string(),
-                            custom: true,
-                        },
-                        _ => {
-                            let f = &call["function"];
-                            let Some(name) = f["name"].as_str() else {
-                                return Err(refusal!("{at}.tool_calls[{j}].function.name: missing"));
-                            };
-                            ToolCall {
-                                id,
-                                name: name.to_owned(),
-                                arguments: f["arguments"].as_str().unwrap_or("{}").to_owned(),
-                                custom: false,
-                            }
-                        }
-                    };
-                    parts.push(Part::ToolCall(call));
-                }
-                push(&mut req.messages, Role::Assistant, parts);
-            }
+            Some("assistant") => push(&mut req.messages, Role::Assistant, assistant_parts(m, &at)?),
             Some("tool") => {
                 let call_id = m["tool_call_id"].as_str().unwrap_or_default().to_owned();
                 let content = parts_of(&m["content"], &at)?;
@@ -118,27 +85,7 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
             other => return Err(refusal!("{at}.role: {other:?} cannot be translated")),
         }
     }
-    for (i, t) in v["tools"].as_array().into_iter().flatten().enumerate() {
-        match t["type"].as_str() {
-            Some("function") | None => {
-                let f = &t["function"];
-                let Some(name) = f["name"].as_str() else { return Err(refusal!("tools[{i}].function.name: missing")) };
-                req.tools.push(Tool {
-                    name: name.to_owned(),
-                    description: f["description"].as_str().map(str::to_owned),
-                    parameters: f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"})),
-                    custom: false,
-                });
-            }
-            Some("custom") => req.tools.push(Tool {
-                name: t["custom"]["name"].as_str().unwrap_or_default().to_owned(),
-                description: t["custom"]["description"].as_str().map(str::to_owned),
-                parameters: custom_tool_schema(),
-                custom: true,
-            }),
-            Some(other) => req.drop_note(format!("tool {other}")),
-        }
-    }
+    read_tools(v, &mut req)?;
     req.tool_choice = match &v["tool_choice"] {
         Value::String(s) if s == "auto" => Some(ToolChoice::Auto),
         Value::String(s) if s == "none" => Some(ToolChoice::None),
@@ -166,6 +113,68 @@ pub fn read_request(v: &Value) -> Result<Request, Refusal> {
     }
     req.user = v["user"].as_str().map(str::to_owned);
     Ok(req)
+}
+
+/// An assistant message's parts: its reasoning, content and tool calls.
+fn assistant_parts(m: &Value, at: &str) -> Result<Vec<Part>, Refusal> {
+    let mut parts = Vec::new();
+    let reasoning = m.get("reasoning_content").or_else(|| m.get("reasoning")).and_then(Value::as_str);
+    if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+        parts.push(Part::Reasoning { text: text.to_owned(), opaque: None });
+    }
+    parts.extend(parts_of(&m["content"], at)?);
+    for (j, call) in m["tool_calls"].as_array().into_iter().flatten().enumerate() {
+        let id = call["id"].as_str().unwrap_or_default().to_owned();
+        let call = match call["type"].as_str() {
+            Some("custom") => ToolCall {
+                id,
+                name: call["custom"]["name"].as_str().unwrap_or_default().to_owned(),
+                arguments: json!({"input": call["custom"]["input"].as_str().unwrap_or_default()}).to_string(),
+                custom: true,
+            },
+            _ => {
+                let f = &call["function"];
+                let Some(name) = f["name"].as_str() else {
+                    return Err(refusal!("{at}.tool_calls[{j}].function.name: missing"));
+                };
+                ToolCall {
+                    id,
+                    name: name.to_owned(),
+                    arguments: f["arguments"].as_str().unwrap_or("{}").to_owned(),
+                    custom: false,
+                }
+            }
+        };
+        parts.push(Part::ToolCall(call));
+    }
+    Ok(parts)
+}
+
+/// The tools offered: functions and custom tools read, others dropped
+/// (declared).
+fn read_tools(v: &Value, req: &mut Request) -> Result<(), Refusal> {
+    for (i, t) in v["tools"].as_array().into_iter().flatten().enumerate() {
+        match t["type"].as_str() {
+            Some("function") | None => {
+                let f = &t["function"];
+                let Some(name) = f["name"].as_str() else { return Err(refusal!("tools[{i}].function.name: missing")) };
+                req.tools.push(Tool {
+                    name: name.to_owned(),
+                    description: f["description"].as_str().map(str::to_owned),
+                    parameters: f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"})),
+                    custom: false,
+                });
+            }
+            Some("custom") => req.tools.push(Tool {
+                name: t["custom"]["name"].as_str().unwrap_or_default().to_owned(),
+                description: t["custom"]["description"].as_str().map(str::to_owned),
+                parameters: custom_tool_schema(),
+                custom: true,
+            }),
+            Some(other) => req.drop_note(format!("tool {other}")),
+        }
+    }
+    Ok(())
 }
 
 /// The text of `parts`, joined (borrowed when there is one).
@@ -221,6 +230,93 @@ fn put_user(messages: &mut Arr<'_>, parts: &[&Part]) {
     m.end();
 }
 
+/// A user turn: each tool result as a `tool` message, the rest (text,
+/// images) as one user message.
+fn put_user_turn(messages: &mut Arr<'_>, parts: &[Part], dropped: &mut Vec<&'static str>) {
+    let mut plain: Vec<&Part> = Vec::new();
+    for p in parts {
+        match p {
+            Part::ToolResult { call_id, content, is_error } => {
+                if content.iter().any(|c| !matches!(c, Part::Text(_))) {
+                    dropped.push("image in a tool result");
+                }
+                let mut text = text_of_parts(content.iter());
+                if *is_error && !text.starts_with("Error") {
+                    text = Cow::Owned(format!("Error: {text}"));
+                }
+                put_message(messages, "tool", &text, Some(call_id));
+            }
+            Part::Text(_) | Part::Image(_) => plain.push(p),
+            Part::Reasoning { .. } | Part::ToolCall(_) => {}
+        }
+    }
+    if !plain.is_empty() {
+        put_user(messages, &plain);
+    }
+}
+
+/// An assistant turn: its text (`null` for tool calls only) and its tool
+/// calls; reasoning and images, which chat cannot carry back, noted.
+fn put_assistant_turn(messages: &mut Arr<'_>, parts: &[Part], dropped: &mut Vec<&'static str>) {
+    let mut calls: Vec<&ToolCall> = Vec::new();
+    for p in parts {
+        match p {
+            Part::ToolCall(c) => calls.push(c),
+            Part::Reasoning { opaque: Some(o), .. } => dropped.push(opaque_name(o.from)),
+            Part::Reasoning { opaque: None, .. } => dropped.push("earlier reasoning text"),
+            Part::Image(_) => dropped.push("image in an assistant turn"),
+            Part::Text(_) | Part::ToolResult { .. } => {}
+        }
+    }
+    let text = text_of_parts(parts.iter());
+    let mut msg = Obj::new(messages.item());
+    msg.str("role", "assistant");
+    if text.is_empty() && !calls.is_empty() {
+        // `null` for an assistant turn of tool calls only.
+        msg.raw("content", "null");
+    } else {
+        msg.str("content", &text);
+    }
+    if !calls.is_empty() {
+        let mut list = Arr::new(msg.key("tool_calls"));
+        for c in calls {
+            let mut call = Obj::new(list.item());
+            call.str("id", &c.id).str("type", "function");
+            let mut function = Obj::new(call.key("function"));
+            function.str("name", &c.name).str("arguments", &c.arguments);
+            function.end();
+            call.end();
+        }
+        list.end();
+    }
+    msg.end();
+}
+
+/// The tools offered, as functions, and whether several calls may come
+/// at once.
+fn put_tools(top: &mut Obj<'_>, req: &Request) {
+    if req.tools.is_empty() {
+        return;
+    }
+    let mut tools = Arr::new(top.key("tools"));
+    for t in &req.tools {
+        let mut tool = Obj::new(tools.item());
+        tool.str("type", "function");
+        let mut function = Obj::new(tool.key("function"));
+        function.str("name", &t.name);
+        if let Some(d) = &t.description {
+            function.str("description", d);
+        }
+        function.tree("parameters", &t.parameters);
+        function.end();
+        tool.end();
+    }
+    tools.end();
+    if let Some(parallel) = req.parallel_tool_calls {
+        top.raw("parallel_tool_calls", if parallel { "true" } else { "false" });
+    }
+}
+
 /// Writes a chat-completions request for `model` (JSON bytes, written by
 /// hand: see `protocol::json`); what chat cannot carry is noted in
 /// `req.dropped`.
@@ -239,84 +335,12 @@ pub fn write_request(req: &mut Request, model: &str) -> Result<Vec<u8>, serde_js
         for m in &req.messages {
             match m.role {
                 Role::System => put_message(&mut messages, "system", &text_of_parts(m.parts.iter()), None),
-                Role::User => {
-                    let mut plain: Vec<&Part> = Vec::new();
-                    for p in &m.parts {
-                        match p {
-                            Part::ToolResult { call_id, content, is_error } => {
-                                if content.iter().any(|c| !matches!(c, Part::Text(_))) {
-                                    dropped.push("image in a tool result");
-                                }
-                                let mut text = text_of_parts(content.iter());
-                                if *is_error && !text.starts_with("Error") {
-                                    text = Cow::Owned(format!("Error: {text}"));
-                                }
-                                put_message(&mut messages, "tool", &text, Some(call_id));
-                            }
-                            Part::Text(_) | Part::Image(_) => plain.push(p),
-                            Part::Reasoning { .. } | Part::ToolCall(_) => {}
-                        }
-                    }
-                    if !plain.is_empty() {
-                        put_user(&mut messages, &plain);
-                    }
-                }
-                Role::Assistant => {
-                    let mut calls: Vec<&ToolCall> = Vec::new();
-                    for p in &m.parts {
-                        match p {
-                            Part::ToolCall(c) => calls.push(c),
-                            Part::Reasoning { opaque: Some(o), .. } => dropped.push(opaque_name(o.from)),
-                            Part::Reasoning { opaque: None, .. } => dropped.push("earlier reasoning text"),
-                            Part::Image(_) => dropped.push("image in an assistant turn"),
-                            Part::Text(_) | Part::ToolResult { .. } => {}
-                        }
-                    }
-                    let text = text_of_parts(m.parts.iter());
-                    let mut msg = Obj::new(messages.item());
-                    msg.str("role", "assistant");
-                    if text.is_empty() && !calls.is_empty() {
-                        // `null` for an assistant turn of tool calls only.
-                        msg.raw("content", "null");
-                    } else {
-                        msg.str("content", &text);
-                    }
-                    if !calls.is_empty() {
-                        let mut list = Arr::new(msg.key("tool_calls"));
-                        for c in calls {
-                            let mut call = Obj::new(list.item());
-                            call.str("id", &c.id).str("type", "function");
-                            let mut function = Obj::new(call.key("function"));
-                            function.str("name", &c.name).str("arguments", &c.arguments);
-                            function.end();
-                            call.end();
-                        }
-                        list.end();
-                    }
-                    msg.end();
-                }
+                Role::User => put_user_turn(&mut messages, &m.parts, &mut dropped),
+                Role::Assistant => put_assistant_turn(&mut messages, &m.parts, &mut dropped),
             }
         }
         messages.end();
-        if !req.tools.is_empty() {
-            let mut tools = Arr::new(top.key("tools"));
-            for t in &req.tools {
-                let mut tool = Obj::new(tools.item());
-                tool.str("type", "function");
-                let mut function = Obj::new(tool.key("function"));
-                function.str("name", &t.name);
-                if let Some(d) = &t.description {
-                    function.str("description", d);
-                }
-                function.tree("parameters", &t.parameters);
-                function.end();
-                tool.end();
-            }
-            tools.end();
-            if let Some(parallel) = req.parallel_tool_calls {
-                top.raw("parallel_tool_calls", if parallel { "true" } else { "false" });
-            }
-        }
+        put_tools(&mut top, req);
         match &req.tool_choice {
             None => {}
             Some(ToolChoice::Auto) => {
