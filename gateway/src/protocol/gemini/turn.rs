@@ -322,19 +322,8 @@ pub fn write_request(req: &mut Request) -> Value {
     if !system.is_empty() {
         out.insert("systemInstruction".into(), json!({ "parts": system }));
     }
-    if !req.tools.is_empty() {
-        let declarations: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| {
-                let mut f = json!({"name": t.name, "parametersJsonSchema": t.parameters});
-                if let Some(d) = &t.description {
-                    f["description"] = Value::from(d.as_str());
-                }
-                f
-            })
-            .collect();
-        out.insert("tools".into(), json!([{ "functionDeclarations": declarations }]));
+    if let Some(tools) = tools(req) {
+        out.insert("tools".into(), tools);
     }
     let mode = match &req.tool_choice {
         Some(ToolChoice::Auto) => Some(json!({"mode": "AUTO"})),
@@ -346,6 +335,21 @@ pub fn write_request(req: &mut Request) -> Value {
     if let Some(mode) = mode {
         out.insert("toolConfig".into(), json!({ "functionCallingConfig": mode }));
     }
+    let config = generation_config(req);
+    if req.parallel_tool_calls.is_some() {
+        req.drop_note("parallel_tool_calls");
+    }
+    if req.user.is_some() {
+        req.drop_note("user");
+    }
+    if !config.is_empty() {
+        out.insert("generationConfig".into(), Value::Object(config));
+    }
+    Value::Object(out)
+}
+
+/// `generationConfig`: the sampling, the limits and the thinking asked.
+fn generation_config(req: &Request) -> Map<String, Value> {
     let mut config = Map::new();
     if let Some(n) = req.max_tokens {
         config.insert("maxOutputTokens".into(), n.into());
@@ -372,16 +376,26 @@ pub fn write_request(req: &mut Request) -> Value {
         thinking.insert("includeThoughts".into(), Value::Bool(!r.hidden));
         config.insert("thinkingConfig".into(), Value::Object(thinking));
     }
-    if req.parallel_tool_calls.is_some() {
-        req.drop_note("parallel_tool_calls");
+    config
+}
+
+/// The tools offered, as function declarations.
+fn tools(req: &Request) -> Option<Value> {
+    if req.tools.is_empty() {
+        return None;
     }
-    if req.user.is_some() {
-        req.drop_note("user");
-    }
-    if !config.is_empty() {
-        out.insert("generationConfig".into(), Value::Object(config));
-    }
-    Value::Object(out)
+    let declarations: Vec<Value> = req
+        .tools
+        .iter()
+        .map(|t| {
+            let mut f = json!({"name": t.name, "parametersJsonSchema": t.parameters});
+            if let Some(d) = &t.description {
+                f["description"] = Value::from(d.as_str());
+            }
+            f
+        })
+        .collect();
+    Some(json!([{ "functionDeclarations": declarations }]))
 }
 
 /// A thinking budget for an effort word.
