@@ -363,26 +363,7 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
         let parts = blocks(m.content, at, 4, &mut req)?;
         push(&mut req.messages, role, parts);
     }
-    let mut builtin = Vec::new();
-    for (i, t) in v.tools.into_iter().flatten().enumerate() {
-        if t.cache_control.is_some() {
-            req.drop_note("cache_control");
-        }
-        match (t.kind.as_deref(), t.input_schema) {
-            (None | Some("custom"), Some(schema)) => req.tools.push(Tool {
-                name: t.name.ok_or_else(|| format!("tools[{i}].name: missing"))?.into_owned(),
-                description: t.description.map(Cow::into_owned),
-                parameters: serde_json::from_str(schema.get())
-                    .map_err(|e| bounds::json_error(&format!("tools[{i}].input_schema"), &e))?,
-                custom: false,
-            }),
-            (kind, _) => {
-                let name = t.name.as_deref().unwrap_or_default();
-                builtin.push(name.to_owned());
-                req.drop_note(format!("tool {}", kind.unwrap_or(name)));
-            }
-        }
-    }
+    let builtin = read_tools(v.tools.into_iter().flatten(), &mut req)?;
     if let Some(choice) = v.tool_choice {
         req.tool_choice = match choice.kind.as_deref() {
             Some("auto") => Some(ToolChoice::Auto),
@@ -407,21 +388,7 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
     req.top_k = v.top_k;
     req.stop = v.stop_sequences.into_iter().flatten().map(Cow::into_owned).collect();
     if let Some(thinking) = v.thinking {
-        match thinking.kind.as_deref() {
-            Some("enabled") => {
-                req.reasoning = Some(Reasoning { budget: thinking.budget_tokens, ..Reasoning::default() })
-            }
-            Some("adaptive") => {
-                req.reasoning = Some(Reasoning { effort: Some("medium".into()), ..Reasoning::default() })
-            }
-            _ => {}
-        }
-        // Reasoning asked for, its text not wanted: none is shown.
-        if thinking.display.as_deref() == Some("omitted")
-            && let Some(r) = req.reasoning.as_mut()
-        {
-            r.hidden = true;
-        }
+        read_thinking(&thinking, &mut req);
     }
     if let Some(effort) = v.output_config.and_then(|o| o.effort)
         && let Some(r) = req.reasoning.as_mut()
@@ -442,6 +409,49 @@ pub fn read_request(body: &[u8]) -> Result<Request, Refusal> {
     }
     req.user = v.metadata.and_then(|m| m.user_id).map(Cow::into_owned);
     Ok(req)
+}
+
+/// The tools offered: client tools read, built-in and server tools
+/// dropped (declared); the names of those, which `tool_choice` may not
+/// name.
+fn read_tools<'a>(tools: impl Iterator<Item = ToolIn<'a>>, req: &mut Request) -> Result<Vec<String>, Refusal> {
+    let mut builtin = Vec::new();
+    for (i, t) in tools.enumerate() {
+        if t.cache_control.is_some() {
+            req.drop_note("cache_control");
+        }
+        match (t.kind.as_deref(), t.input_schema) {
+            (None | Some("custom"), Some(schema)) => req.tools.push(Tool {
+                name: t.name.ok_or_else(|| format!("tools[{i}].name: missing"))?.into_owned(),
+                description: t.description.map(Cow::into_owned),
+                parameters: serde_json::from_str(schema.get())
+                    .map_err(|e| bounds::json_error(&format!("tools[{i}].input_schema"), &e))?,
+                custom: false,
+            }),
+            (kind, _) => {
+                let name = t.name.as_deref().unwrap_or_default();
+                builtin.push(name.to_owned());
+                req.drop_note(format!("tool {}", kind.unwrap_or(name)));
+            }
+        }
+    }
+    Ok(builtin)
+}
+
+/// The reasoning `thinking` asks for (a budget, or adaptive), and whether
+/// its text is wanted.
+fn read_thinking(thinking: &ThinkingIn<'_>, req: &mut Request) {
+    match thinking.kind.as_deref() {
+        Some("enabled") => req.reasoning = Some(Reasoning { budget: thinking.budget_tokens, ..Reasoning::default() }),
+        Some("adaptive") => req.reasoning = Some(Reasoning { effort: Some("medium".into()), ..Reasoning::default() }),
+        _ => {}
+    }
+    // Reasoning asked for, its text not wanted: none is shown.
+    if thinking.display.as_deref() == Some("omitted")
+        && let Some(r) = req.reasoning.as_mut()
+    {
+        r.hidden = true;
+    }
 }
 
 fn part_blocks(parts: &[Part], dropped: &mut Vec<&'static str>) -> Vec<Value> {
