@@ -108,6 +108,21 @@ pub struct Relayed {
     pub dropped: Option<String>,
 }
 
+impl Relayed {
+    /// tidegate's own answer, before any attempt.
+    fn gateway(error: GatewayError) -> Self {
+        Relayed {
+            answer: Answer::Gateway(error),
+            upstream: None,
+            attempts: Vec::new(),
+            queue_wait: Duration::ZERO,
+            pass: None,
+            permit: None,
+            dropped: None,
+        }
+    }
+}
+
 /// Tokens a request reserves from tpm buckets before its usage is known.
 fn tokens_of(job: &Job) -> u64 {
     if job.endpoint.spends_tokens() {
@@ -167,16 +182,7 @@ async fn in_lane(job: &Job) -> Relayed {
 /// of it in the request's future).
 async fn attempts(job: &Job) -> Relayed {
     let Some((_, route)) = job.gw.config.route(job.route) else {
-        let error = GatewayError::UnknownModel("model has no usable target".into());
-        return Relayed {
-            answer: Answer::Gateway(error),
-            upstream: None,
-            attempts: Vec::new(),
-            queue_wait: Duration::ZERO,
-            pass: None,
-            permit: None,
-            dropped: None,
-        };
+        return Relayed::gateway(GatewayError::UnknownModel("model has no usable target".into()));
     };
     let mut run = Run {
         job,
@@ -242,30 +248,8 @@ async fn attempts(job: &Job) -> Relayed {
         drop(permit);
         let decision = run.decide(ti, &outcome);
         run.log(ti, &outcome, &decision);
-        match decision {
-            Decision::Retry { wait, source } => {
-                let upstream = run.upstream(ti);
-                tracing::debug!(upstream = %upstream.config.name, class = outcome.class.as_str(), ?wait, source = source.as_str(), "retrying");
-                let go = match source {
-                    // A blind retry takes its place in the budget's schedule.
-                    WaitSource::Backoff | WaitSource::Budget => upstream.budget.reserve(Instant::now() + wait),
-                    WaitSource::Provider(_) | WaitSource::Rule => Instant::now() + wait,
-                };
-                if run.unless_closing(tokio::time::sleep_until(go)).await.is_none() {
-                    return run.closed(ti);
-                }
-            }
-            Decision::LeaveTarget => {
-                tracing::debug!(upstream = %run.upstream(ti).config.name, "attempts used here: trying the other targets");
-                run.targets.exclude(ti);
-            }
-            Decision::NextTarget => {
-                tracing::debug!(upstream = %run.upstream(ti).config.name, class = outcome.class.as_str(), "failing over");
-            }
-            Decision::Requeue => {
-                tracing::debug!(upstream = %run.upstream(ti).config.name, "concurrency refusal: back in the queue");
-            }
-            Decision::GiveUp(why) => return run.give_up(ti, why, &outcome, buffered),
+        if let Err(stop) = run.act(ti, decision, &outcome, buffered).await {
+            return stop;
         }
         run.last = Some((outcome, ti));
     }
@@ -349,6 +333,43 @@ impl<'a> Run<'a> {
             upstream.config.name, upstream.config.protocol
         ));
         self.targets.exclude(ti);
+    }
+
+    /// Act on the decision about a failed attempt on `ti`: wait and try
+    /// again, leave the target, fail over, requeue — or give up (`Err`,
+    /// with the answer; `buffered` is the upstream's own, verbatim).
+    async fn act(
+        &mut self,
+        ti: TargetId,
+        decision: Decision,
+        outcome: &Classified,
+        buffered: Option<(http::response::Parts, Bytes)>,
+    ) -> Result<(), Relayed> {
+        let name = &self.upstream(ti).config.name;
+        match decision {
+            Decision::Retry { wait, source } => {
+                let upstream = self.upstream(ti);
+                tracing::debug!(upstream = %upstream.config.name, class = outcome.class.as_str(), ?wait, source = source.as_str(), "retrying");
+                let go = match source {
+                    // A blind retry takes its place in the budget's schedule.
+                    WaitSource::Backoff | WaitSource::Budget => upstream.budget.reserve(Instant::now() + wait),
+                    WaitSource::Provider(_) | WaitSource::Rule => Instant::now() + wait,
+                };
+                if self.unless_closing(tokio::time::sleep_until(go)).await.is_none() {
+                    return Err(self.closed(ti));
+                }
+            }
+            Decision::LeaveTarget => {
+                tracing::debug!(upstream = %name, "attempts used here: trying the other targets");
+                self.targets.exclude(ti);
+            }
+            Decision::NextTarget => {
+                tracing::debug!(upstream = %name, class = outcome.class.as_str(), "failing over");
+            }
+            Decision::Requeue => tracing::debug!(upstream = %name, "concurrency refusal: back in the queue"),
+            Decision::GiveUp(why) => return Err(self.give_up(ti, why, outcome, buffered)),
+        }
+        Ok(())
     }
 
     /// Pick: the target for the next attempt. A provider's hold is waited
