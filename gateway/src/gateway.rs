@@ -136,48 +136,12 @@ impl Gateway {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let names: Arc<[String]> = upstreams.iter().map(|u| u.config.name.clone()).collect();
-        let same_journal = previous
-            .filter(|p| p.config.journal == config.journal && p.config.retention == config.retention)
-            .and_then(|p| p.sink.journal.clone());
-        let journal = match same_journal {
-            Some(journal) => Some(journal),
-            None => config.journal.as_deref().map(|path| Journal::start(path, config.retention.clone())),
-        };
-        let metrics = match previous {
-            Some(p) => {
-                p.sink.metrics.set_aliases(config.models.keys().cloned());
-                p.sink.metrics.clone()
-            }
-            None => {
-                Arc::new(Metrics::new(config.models.keys().cloned()).map_err(|e| BuildError::Metrics(e.to_string()))?)
-            }
-        };
         let anomaly = match previous.filter(|p| p.config.anomaly == config.anomaly) {
             Some(p) => p.anomaly.clone(),
             None => Arc::new(Anomaly::new(config.anomaly.clone())),
         };
-        let recent = match previous.filter(|p| p.sink.names == names) {
-            Some(p) => p.sink.recent.clone(),
-            None => Arc::new(Recent::new(names.clone())),
-        };
         let aliases = config.models.keys().map(|a| Arc::from(a.as_str())).collect();
-        let tracer = match (&config.otel, previous.and_then(|p| p.sink.tracer.clone())) {
-            (Some(otel), Some(kept)) if kept.config == *otel => Some(kept),
-            (Some(otel), _) => Some(Arc::new(Exporter::start(otel).map_err(|e| BuildError::Otel(e.to_string()))?)),
-            (None, _) => None,
-        };
-        let generation = journal.as_ref().map_or(0, |j| j.register(names.clone()));
-        let sink = Arc::new(Sink {
-            generation,
-            tracer,
-            journal,
-            metrics,
-            names: names.clone(),
-            keep_partial: config.keep_partial,
-            recent,
-            active: previous.map(|p| p.sink.active.clone()).unwrap_or_default(),
-            flood: previous.map(|p| p.sink.flood.clone()).unwrap_or_default(),
-        });
+        let sink = sink(&config, previous, names.clone())?;
         let same_lanes = previous.filter(|p| same_store(p.shared.as_ref(), shared.as_ref()));
         let lanes = Lanes::new(&config, shared.as_ref(), same_lanes.map(|p| &p.lanes));
         let tasks = previous.map(|p| p.tasks.clone()).unwrap_or_default();
@@ -413,4 +377,45 @@ impl Live {
             follower.abort();
         }
     }
+}
+
+/// Where this generation's finished requests go: the journal, metrics,
+/// the dashboard's buckets and the trace exporter, each carried over from
+/// `previous` when its settings did not change.
+fn sink(config: &Config, previous: Option<&Gateway>, names: Arc<[String]>) -> Result<Arc<Sink>, BuildError> {
+    let same_journal = previous
+        .filter(|p| p.config.journal == config.journal && p.config.retention == config.retention)
+        .and_then(|p| p.sink.journal.clone());
+    let journal = match same_journal {
+        Some(journal) => Some(journal),
+        None => config.journal.as_deref().map(|path| Journal::start(path, config.retention.clone())),
+    };
+    let metrics = match previous {
+        Some(p) => {
+            p.sink.metrics.set_aliases(config.models.keys().cloned());
+            p.sink.metrics.clone()
+        }
+        None => Arc::new(Metrics::new(config.models.keys().cloned()).map_err(|e| BuildError::Metrics(e.to_string()))?),
+    };
+    let recent = match previous.filter(|p| p.sink.names == names) {
+        Some(p) => p.sink.recent.clone(),
+        None => Arc::new(Recent::new(names.clone())),
+    };
+    let tracer = match (&config.otel, previous.and_then(|p| p.sink.tracer.clone())) {
+        (Some(otel), Some(kept)) if kept.config == *otel => Some(kept),
+        (Some(otel), _) => Some(Arc::new(Exporter::start(otel).map_err(|e| BuildError::Otel(e.to_string()))?)),
+        (None, _) => None,
+    };
+    let generation = journal.as_ref().map_or(0, |j| j.register(names.clone()));
+    Ok(Arc::new(Sink {
+        generation,
+        tracer,
+        journal,
+        metrics,
+        names: names.clone(),
+        keep_partial: config.keep_partial,
+        recent,
+        active: previous.map(|p| p.sink.active.clone()).unwrap_or_default(),
+        flood: previous.map(|p| p.sink.flood.clone()).unwrap_or_default(),
+    }))
 }
