@@ -90,33 +90,60 @@ pub struct Ask<'a> {
 
 /// Upstream body on its way to the client.
 pub struct RelayBody {
+    /// The upstream's body while it is read (a JSON answer relayed as it
+    /// streams, or SSE).
     inner: Option<UpstreamBody>,
-    idle: Duration,
-    last_frame: Instant,
-    /// Armed lazily: a body that is always ready never touches the timer.
-    timer: Option<Pin<Box<Sleep>>>,
-    /// `Some` for SSE: event-aware forwarding.
-    sse: Option<Scanner>,
-    /// Bytes of `sse` already scanned and ready to forward.
-    ready: usize,
+    /// What the answer is and how it is read.
+    source: Source,
+    /// The protocol of the events tidegate writes itself (the target's;
+    /// a translated stream's are the client's, written by its translator).
     protocol: Protocol,
     /// The upstream answering (index, name).
     upstream: (UpstreamId, String),
-    /// A last frame to send (a synthesised error event), then the end.
+    /// What the wait for the next frame watches.
+    watch: Watch,
+    /// Continuing a broken stream.
+    resume: Resume,
+    /// Events held for one write while more arrive at once.
+    gather: Gather,
+    /// A last frame to send (a synthesised error event, or a JSON answer
+    /// read whole), then the end.
     last: Option<Bytes>,
     outcome: Option<(Outcome, Option<String>)>,
     /// How it ended, once it has, until the owner takes it.
     ended: Option<End>,
-    /// Continuations it may still ask for, and until when.
-    resumes: u8,
-    resume_until: Instant,
-    /// The stream broke and may be continued: why, until the owner
-    /// answers (with a continuation, or a refusal).
-    asking: Option<String>,
-    /// A continuation started and has sent no content yet: its opening
-    /// events are dropped (the client has the answer's opening), and the
-    /// original break's reason is kept for the message if it breaks too.
-    continuing: Option<String>,
+}
+
+/// What an answer is, and how it is read on its way.
+enum Source {
+    /// A JSON answer relayed as it streams; its end and usage read from
+    /// its last bytes (decoded if it is compressed).
+    Raw(json_end::JsonEnd),
+    /// A JSON answer read whole (to check it, or translated), sent as one
+    /// frame; the stored-state id it names, if any.
+    Whole(json_end::JsonEnd, Option<String>),
+    /// SSE, relayed by whole events.
+    Sse(Box<SseSource>),
+}
+
+/// An SSE answer's reading.
+struct SseSource {
+    /// The events: framed, inspected, held until whole.
+    scanner: Scanner,
+    /// Bytes of `scanner` already scanned and ready to forward.
+    ready: usize,
+    /// A stream from a target of another protocol: its events are read
+    /// (scanned) in the target's grammar and sent in the client's.
+    translator: Option<Box<crate::translate::Stream>>,
+}
+
+/// What the wait for the next frame watches: the idle limit (its timer
+/// armed lazily: a body that is always ready never touches it) and the
+/// end of the shutdown grace.
+struct Watch {
+    idle: Duration,
+    last_frame: Instant,
+    timer: Option<Pin<Box<Sleep>>>,
     /// Resolves when the shutdown grace is over: the stream then ends with
     /// its protocol's error event.
     closing: Option<Closing>,
@@ -125,15 +152,26 @@ pub struct RelayBody {
     /// the next event asks them only whether they fired (a flag each)
     /// instead of polling both again (~300 instructions an event).
     armed_for: Option<Waker>,
-    /// The stored-state id of a JSON answer read whole.
-    answer_id: Option<String>,
-    /// How a raw (JSON) body's end and usage are read (its last bytes,
-    /// decoded if it is compressed).
-    json: json_end::JsonEnd,
-    /// A stream from a target of another protocol: its events are read
-    /// (scanned) in the target's grammar and sent in the client's.
-    translator: Option<Box<crate::translate::Stream>>,
-    /// Events ready for the client, held while more arrive at once.
+}
+
+/// Continuing a broken stream (`stream_resume`).
+struct Resume {
+    /// Continuations it may still ask for, and until when.
+    resumes: u8,
+    until: Instant,
+    /// The stream broke and may be continued: why, until the owner
+    /// answers (with a continuation, or a refusal).
+    asking: Option<String>,
+    /// A continuation started and has sent no content yet: its opening
+    /// events are dropped (the client has the answer's opening), and the
+    /// original break's reason is kept for the message if it breaks too.
+    continuing: Option<String>,
+}
+
+/// Events held for one write while more arrive at once (see
+/// [`GATHER_MAX`]).
+struct Gather {
+    /// Events ready for the client, held.
     gathered: BytesMut,
     /// Turns given to the upstream connection with nothing new since.
     yielded: u8,
@@ -144,6 +182,38 @@ pub struct RelayBody {
     /// The last frame came within [`BURST_GAP`] of the one before: more
     /// may be on their way at once, worth gathering.
     burst: bool,
+}
+
+impl Source {
+    fn sse(&self) -> Option<&SseSource> {
+        match self {
+            Source::Sse(sse) => Some(sse),
+            Source::Raw(_) | Source::Whole(..) => None,
+        }
+    }
+
+    fn sse_mut(&mut self) -> Option<&mut SseSource> {
+        match self {
+            Source::Sse(sse) => Some(sse),
+            Source::Raw(_) | Source::Whole(..) => None,
+        }
+    }
+
+    fn scanner(&self) -> Option<&Scanner> {
+        self.sse().map(|s| &s.scanner)
+    }
+
+    fn scanner_mut(&mut self) -> Option<&mut Scanner> {
+        self.sse_mut().map(|s| &mut s.scanner)
+    }
+
+    fn translated(&self) -> bool {
+        self.sse().is_some_and(|s| s.translator.is_some())
+    }
+
+    fn translator_mut(&mut self) -> Option<&mut crate::translate::Stream> {
+        self.sse_mut().and_then(|s| s.translator.as_deref_mut())
+    }
 }
 
 /// The shutdown signal a stream ends on: the wait (polled to be woken)
@@ -182,25 +252,21 @@ impl RelayBody {
         protocol: Protocol,
         upstream: (UpstreamId, &str),
     ) -> Self {
-        let mut body = Self::new(inner, idle, None, 0, protocol, upstream);
-        body.json = json;
-        body
+        Self::new(Some(inner), idle, Source::Raw(json), protocol, upstream)
     }
 
     /// A JSON answer already read whole (to check it): sent as one frame;
     /// `id` is the stored state it names, if any.
     pub fn read(
         bytes: Bytes,
-        json: json_end::JsonEnd,
+        mut json: json_end::JsonEnd,
         protocol: Protocol,
         upstream: (UpstreamId, &str),
         id: Option<String>,
     ) -> Self {
-        let mut body = Self::new_detached(protocol, upstream);
-        body.json = json;
-        body.json.feed(&bytes);
+        json.feed(&bytes);
+        let mut body = Self::new(None, Duration::ZERO, Source::Whole(json, id), protocol, upstream);
         body.last = Some(bytes);
-        body.answer_id = id;
         body
     }
 
@@ -214,134 +280,115 @@ impl RelayBody {
         protocol: Protocol,
         upstream: (UpstreamId, &str),
     ) -> Self {
-        Self::new(inner, idle, Some(scanner), ready, protocol, upstream)
-    }
-
-    fn new_detached(protocol: Protocol, upstream: (UpstreamId, &str)) -> Self {
-        let now = Instant::now();
-        Self {
-            inner: None,
-            idle: Duration::ZERO,
-            last_frame: now,
-            timer: None,
-            sse: None,
-            ready: 0,
-            protocol,
-            upstream: (upstream.0, upstream.1.to_owned()),
-            last: None,
-            outcome: None,
-            ended: None,
-            resumes: 0,
-            resume_until: now,
-            asking: None,
-            continuing: None,
-            closing: None,
-            armed_for: None,
-            answer_id: None,
-            json: json_end::JsonEnd::default(),
-            translator: None,
-            gathered: BytesMut::new(),
-            yielded: 0,
-            finished: false,
-            started_sending: false,
-            burst: false,
-        }
+        let source = Source::Sse(Box::new(SseSource { scanner, ready, translator: None }));
+        Self::new(Some(inner), idle, source, protocol, upstream)
     }
 
     fn new(
-        inner: UpstreamBody,
+        inner: Option<UpstreamBody>,
         idle: Duration,
-        sse: Option<Scanner>,
-        ready: usize,
+        source: Source,
         protocol: Protocol,
         upstream: (UpstreamId, &str),
     ) -> Self {
-        let mut body = Self::new_detached(protocol, upstream);
-        body.inner = Some(inner);
-        body.idle = idle;
-        body.sse = sse;
-        body.ready = ready;
-        body
+        let now = Instant::now();
+        Self {
+            inner,
+            source,
+            protocol,
+            upstream: (upstream.0, upstream.1.to_owned()),
+            watch: Watch { idle, last_frame: now, timer: None, closing: None, armed_for: None },
+            resume: Resume { resumes: 0, until: now, asking: None, continuing: None },
+            gather: Gather {
+                gathered: BytesMut::new(),
+                yielded: 0,
+                finished: false,
+                started_sending: false,
+                burst: false,
+            },
+            last: None,
+            outcome: None,
+            ended: None,
+        }
     }
 
     /// The id the upstream gave a Responses answer (its stored state): from
     /// `response.created` in a stream, or the JSON answer read whole.
     pub fn response_id(&self) -> Option<String> {
-        if self.translator.is_some() {
-            return None;
-        }
-        match &self.sse {
-            Some(sse) => sse.seen.response_id.clone(),
-            None => self.answer_id.clone(),
+        match &self.source {
+            Source::Sse(sse) if sse.translator.is_none() => sse.scanner.seen.response_id.clone(),
+            Source::Whole(_, id) => id.clone(),
+            Source::Sse(_) | Source::Raw(_) => None,
         }
     }
 
     /// Ends this stream with its protocol's error event when `closing`
     /// is closed (the shutdown grace is over).
     pub fn close_with(&mut self, closing: &crate::closing::Closing) {
-        self.closing = Some(Closing { over: closing.clone(), wait: Box::pin(closing.cancelled_owned()) });
-        self.armed_for = None;
+        self.watch.closing = Some(Closing { over: closing.clone(), wait: Box::pin(closing.cancelled_owned()) });
+        self.watch.armed_for = None;
     }
 
     /// Sends this stream's events in the client's protocol (`back`
     /// says which). A translated stream is not continued after a break
     /// (a continuation is built in the client's protocol).
     pub fn translate(&mut self, back: &crate::translate::Back) {
-        let max_event = self.sse.as_ref().map_or(usize::MAX, Scanner::max_event);
-        self.translator = crate::translate::Stream::new(back, max_event).map(Box::new);
-        self.resumes = 0;
+        if let Some(sse) = self.source.sse_mut() {
+            sse.translator = crate::translate::Stream::new(back, sse.scanner.max_event()).map(Box::new);
+        }
+        self.resume.resumes = 0;
     }
 
     /// Lets a broken text stream ask its owner for up to `tries`
     /// continuations before `until` instead of failing.
     pub fn allow_resumes(&mut self, tries: u8, until: Instant) {
-        if self.translator.is_none() {
-            self.resumes = tries;
-            self.resume_until = until;
+        if !self.source.translated() {
+            self.resume.resumes = tries;
+            self.resume.until = until;
         }
     }
 
     /// Whether this answer is an SSE stream (only a stream can be
     /// continued).
     pub fn is_sse(&self) -> bool {
-        self.sse.is_some()
+        self.source.sse().is_some()
     }
 
     /// Whether this answer may be continued if it breaks: an SSE stream
     /// in the client's own protocol (a translated one is not: a
     /// continuation is built from the client's request).
     pub fn may_be_continued(&self) -> bool {
-        self.sse.is_some() && self.translator.is_none()
+        self.source.sse().is_some() && !self.source.translated()
     }
 
     /// Whether this answer could ever ask for a continuation (an SSE
     /// stream that is allowed to).
     pub fn may_resume(&self) -> bool {
-        self.resumes > 0 && self.sse.is_some()
+        self.resume.resumes > 0 && self.source.sse().is_some()
     }
 
     /// Asks to be continued if this stream may be resumed.
     fn try_resume(&mut self, why: &str) -> bool {
-        let Some(sse) = self.sse.as_ref() else { return false };
-        let seen = &sse.seen;
-        let resumable = self.resumes > 0
+        let Some(scanner) = self.source.scanner() else { return false };
+        let seen = &scanner.seen;
+        let resumable = self.resume.resumes > 0
             && seen.content
             && !seen.tool_call
             && seen.error.is_none()
             && seen.text.len() < PARTIAL_CAP
-            && Instant::now() < self.resume_until;
+            && Instant::now() < self.resume.until;
         if !resumable {
             return false;
         }
-        self.asking = Some(why.to_owned());
+        self.resume.asking = Some(why.to_owned());
         true
     }
 
     /// The break the owner is asked to continue, if any (the body then
     /// has ended its frames until it is answered).
     pub fn asked(&self) -> Option<Ask<'_>> {
-        let why = self.asking.as_deref()?;
-        let seen = &self.sse.as_ref()?.seen;
+        let why = self.resume.asking.as_deref()?;
+        let seen = &self.source.scanner()?.seen;
         let log = AttemptLog {
             upstream: self.upstream.0,
             status: None,
@@ -361,39 +408,39 @@ impl RelayBody {
     /// A continuation started: its events follow the delivered ones in the
     /// same client stream.
     pub fn continue_with(&mut self, reopened: resume::Reopened) {
-        self.continuing = self.asking.take();
-        self.resumes = self.resumes.saturating_sub(1);
-        if let Some(sse) = self.sse.as_mut() {
+        self.resume.continuing = self.resume.asking.take();
+        self.resume.resumes = self.resume.resumes.saturating_sub(1);
+        if let Some(sse) = self.source.sse_mut() {
             // Drop the dead stream's unfinished event; go on with the
             // continuation's.
-            sse.discard();
-            sse.feed_bytes(reopened.first.clone());
+            sse.scanner.discard();
+            sse.scanner.feed_bytes(reopened.first.clone());
+            sse.ready = 0;
         }
-        self.ready = 0;
         self.inner = Some(reopened.inner);
-        self.last_frame = Instant::now();
+        self.watch.last_frame = Instant::now();
         self.upstream = reopened.upstream;
-        self.finished = false;
+        self.gather.finished = false;
     }
 
     /// No continuation (it could not be built, or it failed: `failed`):
     /// the stream ends with its error event.
     pub fn not_continued(&mut self, failed: Option<&str>) {
-        let Some(why) = self.asking.take() else { return };
-        self.resumes = 0;
+        let Some(why) = self.resume.asking.take() else { return };
+        self.resume.resumes = 0;
         let why = match failed {
             Some(err) => format!("{why}; resuming failed: {err}"),
             None => why,
         };
         self.last = self.break_stream(why);
-        self.finished = false;
+        self.gather.finished = false;
     }
 
     /// Takes what a continuation needs from a stream the relay just opened:
     /// the rest of its body, the bytes read so far.
     pub fn into_continuation(mut self) -> Option<resume::Reopened> {
         let inner = self.inner.take()?;
-        let first = self.sse.as_mut().map(|s| s.take(s.held())).unwrap_or_default();
+        let first = self.source.scanner_mut().map(|s| s.take(s.held())).unwrap_or_default();
         Some(resume::Reopened { inner, first, upstream: self.upstream })
     }
 
@@ -405,7 +452,7 @@ impl RelayBody {
     /// What a stream cut short by its client had delivered: usage, and
     /// the text if any content went out.
     pub fn cut(&mut self) -> (Usage, Option<String>) {
-        match self.sse.as_mut() {
+        match self.source.scanner_mut() {
             Some(sse) => {
                 let text = sse.seen.content.then(|| std::mem::take(&mut sse.seen.text));
                 (sse.seen.usage, text)
@@ -418,11 +465,11 @@ impl RelayBody {
     /// protocol-shaped error event.
     fn break_stream(&mut self, why: String) -> Option<Bytes> {
         self.inner = None;
-        let why = match self.continuing.take() {
+        let why = match self.resume.continuing.take() {
             // The continuation broke before its first content: that is the
             // continuation failing, not a new break to resume from.
             Some(first) => {
-                self.resumes = 0;
+                self.resume.resumes = 0;
                 format!("{first}; resuming failed: the continuation broke before any content ({why})")
             }
             None => why,
@@ -430,14 +477,13 @@ impl RelayBody {
         if self.try_resume(&why) {
             return None;
         }
-        let seen = self.sse.as_ref().map(|s| &s.seen);
-        let chunks = seen.map_or(0, |s| s.events);
+        let chunks = self.source.scanner().map_or(0, |s| s.seen.events);
         let message = format!(
             "tidegate: the stream from upstream {} broke after {chunks} events: {why}; the answer is incomplete",
             self.upstream.1
         );
         self.outcome = Some((Outcome::Incomplete, Some(message.clone())));
-        match self.translator.as_mut() {
+        match self.source.translator_mut() {
             Some(t) => Some(t.fail(ErrorKind::Api, &message)),
             None => Some(self.protocol.error_event(ErrorKind::Api, &message)),
         }
@@ -445,10 +491,10 @@ impl RelayBody {
 
     fn end(&mut self) {
         let mut judged = None;
-        let usage = match &self.sse {
-            Some(sse) => sse.seen.usage,
-            None => {
-                let end = self.json.finish();
+        let usage = match &mut self.source {
+            Source::Sse(sse) => sse.scanner.seen.usage,
+            Source::Raw(json) | Source::Whole(json, _) => {
+                let end = json.finish();
                 if self.outcome.is_none() && !end.complete {
                     // A body delimited by the connection's close cannot say
                     // it was cut; a JSON answer that does not end as JSON
@@ -461,7 +507,7 @@ impl RelayBody {
             }
         };
         let (outcome, error) = self.outcome.take().unwrap_or((Outcome::Completed, None));
-        let (partial, class) = match &mut self.sse {
+        let (partial, class) = match self.source.scanner_mut() {
             Some(sse) if outcome == Outcome::Incomplete => {
                 (Some(std::mem::take(&mut sse.seen.text)), Some(Class::Transient))
             }
@@ -474,16 +520,16 @@ impl RelayBody {
     /// stopping after an upstream error event, or before an event a
     /// translated stream cannot read (the break is then `last`).
     fn drain_events(&mut self) -> Option<Bytes> {
-        let translated = self.translator.is_some();
-        let sse = self.sse.as_mut()?;
+        let Source::Sse(src) = &mut self.source else { return None };
+        let SseSource { scanner: sse, ready, translator } = &mut **src;
         let mut error = false;
         let mut unreadable = None;
         while let Some((kind, end)) = sse.next_event() {
-            if kind == Kind::Unreadable && translated {
-                unreadable = Some(end - self.ready);
+            if kind == Kind::Unreadable && translator.is_some() {
+                unreadable = Some(end - *ready);
                 break;
             }
-            self.ready = end;
+            *ready = end;
             match kind {
                 Kind::Error => {
                     error = true;
@@ -500,11 +546,11 @@ impl RelayBody {
                     break;
                 }
                 // A continuation's opening: the client already has it.
-                Kind::KeepAlive | Kind::Start | Kind::BlockStart if self.continuing.is_some() => {
+                Kind::KeepAlive | Kind::Start | Kind::BlockStart if self.resume.continuing.is_some() => {
                     sse.take(end);
-                    self.ready = 0;
+                    *ready = 0;
                 }
-                Kind::Content | Kind::Unreadable => self.continuing = None,
+                Kind::Content | Kind::Unreadable => self.resume.continuing = None,
                 Kind::KeepAlive | Kind::Start | Kind::BlockStart => {}
             }
         }
@@ -516,8 +562,8 @@ impl RelayBody {
             let detail = detail.unwrap_or_default();
             self.outcome = Some((Outcome::Incomplete, Some(format!("upstream error event mid-stream: {detail}"))));
         }
-        let mut out = (self.ready > 0).then(|| sse.take(self.ready));
-        self.ready = 0;
+        let mut out = (*ready > 0).then(|| sse.take(*ready));
+        *ready = 0;
         if error {
             sse.discard();
             // The provider's error event is its text: no secret in it
@@ -529,15 +575,15 @@ impl RelayBody {
             sse.discard();
             bad
         });
-        let (out, broken) = match (out, self.translator.as_mut()) {
+        let (out, broken) = match (out, translator.as_deref_mut()) {
             (Some(out), Some(t)) => (Some(t.events(&out)).filter(|b| !b.is_empty()), t.take_broken()),
             (out, _) => (out, None),
         };
+        if broken.is_some() {
+            sse.discard();
+        }
         if let Some(why) = broken {
-            if let Some(sse) = self.sse.as_mut() {
-                sse.discard();
-            }
-            self.resumes = 0;
+            self.resume.resumes = 0;
             self.last = self.break_stream(why);
             return out;
         }
@@ -547,7 +593,7 @@ impl RelayBody {
             // event; the journal keeps the text up to it.
             let excerpt = secrets::scrub_bytes(bad.slice(..bad.len().min(UNREADABLE_EXCERPT)));
             let excerpt = String::from_utf8_lossy(&excerpt).trim().to_owned();
-            self.resumes = 0;
+            self.resume.resumes = 0;
             self.last = self.break_stream(format!("the upstream sent an event that is not JSON ({excerpt:?})"));
         }
         out
@@ -562,47 +608,47 @@ impl Body for RelayBody {
     /// arrive at once (see [`GATHER_MAX`]).
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
-        if this.finished {
+        if this.gather.finished {
             return Poll::Ready(None);
         }
         let send = |gathered: &mut BytesMut| Poll::Ready(Some(Ok(Frame::data(gathered.split().freeze()))));
         loop {
             let polled = this.poll_event(cx);
             // The first event goes out at once (time to first token).
-            let gathering = this.started_sending
-                && this.burst
-                && this.sse.is_some()
+            let gathering = this.gather.started_sending
+                && this.gather.burst
+                && this.source.sse().is_some()
                 && this.inner.is_some()
                 && this.last.is_none()
-                && this.asking.is_none();
-            this.started_sending = true;
+                && this.resume.asking.is_none();
+            this.gather.started_sending = true;
             match polled {
                 Poll::Ready(Some(Ok(data))) if gathering => {
-                    this.gathered.extend_from_slice(&data);
-                    this.yielded = 0;
-                    if this.gathered.len() >= GATHER_MAX {
-                        return send(&mut this.gathered);
+                    this.gather.gathered.extend_from_slice(&data);
+                    this.gather.yielded = 0;
+                    if this.gather.gathered.len() >= GATHER_MAX {
+                        return send(&mut this.gather.gathered);
                     }
                 }
-                Poll::Ready(Some(Ok(data))) if !this.gathered.is_empty() => {
-                    this.gathered.extend_from_slice(&data);
-                    return send(&mut this.gathered);
+                Poll::Ready(Some(Ok(data))) if !this.gather.gathered.is_empty() => {
+                    this.gather.gathered.extend_from_slice(&data);
+                    return send(&mut this.gather.gathered);
                 }
-                Poll::Ready(None) if !this.gathered.is_empty() => {
-                    this.finished = true;
-                    return send(&mut this.gathered);
+                Poll::Ready(None) if !this.gather.gathered.is_empty() => {
+                    this.gather.finished = true;
+                    return send(&mut this.gather.gathered);
                 }
-                Poll::Pending if !this.gathered.is_empty() => {
+                Poll::Pending if !this.gather.gathered.is_empty() => {
                     // Let the upstream connection deliver what it already
                     // holds (it takes two turns of its task); forward what
                     // is here once a turn brings nothing new.
-                    if this.yielded < 2 {
-                        this.yielded += 1;
+                    if this.gather.yielded < 2 {
+                        this.gather.yielded += 1;
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
-                    this.yielded = 0;
-                    return send(&mut this.gathered);
+                    this.gather.yielded = 0;
+                    return send(&mut this.gather.gathered);
                 }
                 other => return other.map(|next| next.map(|item| item.map(Frame::data))),
             }
@@ -615,11 +661,11 @@ impl Body for RelayBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match (&self.inner, &self.sse, &self.last) {
-            (Some(inner), None, _) => inner.size_hint(),
+        match (&self.source, &self.inner, &self.last) {
+            (Source::Raw(_), Some(inner), _) => inner.size_hint(),
             // A JSON answer read whole (checked, or translated): its
             // length is known, and sent as `Content-Length`, not chunked.
-            (None, None, Some(whole)) => SizeHint::with_exact(whole.len() as u64),
+            (Source::Raw(_) | Source::Whole(..), None, Some(whole)) => SizeHint::with_exact(whole.len() as u64),
             _ => SizeHint::default(),
         }
     }
@@ -630,134 +676,153 @@ impl RelayBody {
     /// (or raw bytes), a synthesised last event, or the end. (Only data:
     /// an upstream's trailers are not passed on.)
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
-        let this = self;
         loop {
-            if this.asking.is_some() {
+            if self.resume.asking.is_some() {
                 // Broken, and its owner is asked to continue it: no
                 // frames until it answers.
                 return Poll::Ready(None);
             }
-            if let Some(frame) = this.drain_events() {
+            if let Some(frame) = self.drain_events() {
                 return Poll::Ready(Some(Ok(frame)));
             }
-            if let Some(last) = this.last.take() {
-                if this.inner.is_none() && this.sse.is_none() {
+            if let Some(last) = self.last.take() {
+                if self.inner.is_none() && self.source.sse().is_none() {
                     // A JSON answer read whole is sized (`size_hint`), and
                     // hyper stops polling once it is sent: its end comes
                     // with it.
-                    this.end();
-                    this.finished = true;
+                    self.end();
+                    self.gather.finished = true;
                 }
                 return Poll::Ready(Some(Ok(last)));
             }
-            let Some(inner) = this.inner.as_mut() else {
+            let Some(inner) = self.inner.as_mut() else {
                 // A finished answer whose target sent no terminal event of
                 // its own still gets the client's.
-                if this.outcome.is_none()
-                    && this.sse.as_ref().is_some_and(|s| s.seen.complete)
-                    && let Some(tail) = this.translator.as_mut().map(|t| t.finish()).filter(|b| !b.is_empty())
+                if self.outcome.is_none()
+                    && self.source.scanner().is_some_and(|s| s.seen.complete)
+                    && let Some(tail) = self.source.translator_mut().map(|t| t.finish()).filter(|b| !b.is_empty())
                 {
                     return Poll::Ready(Some(Ok(tail)));
                 }
-                this.end();
+                self.end();
                 return Poll::Ready(None);
             };
             match Pin::new(inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    let now = Instant::now();
-                    this.burst = now.saturating_duration_since(this.last_frame) < BURST_GAP;
-                    this.last_frame = now;
-                    let Ok(data) = frame.into_data() else { continue };
-                    match this.sse.as_mut() {
-                        Some(sse) => {
-                            sse.feed_bytes(data);
-                            if sse.oversized() {
-                                let max = sse.max_event();
-                                this.resumes = 0;
-                                this.last = this.break_stream(format!(
-                                    "the upstream sent an event over {max} bytes (max_stream_event)"
-                                ));
-                            }
-                        }
-                        None => {
-                            this.json.feed(&data);
-                            // hyper stops polling once a sized body is
-                            // complete: record the end with the last bytes.
-                            if this.inner.as_ref().is_some_and(|i| i.is_end_stream()) {
-                                this.inner = None;
-                                this.end();
-                            }
-                            return Poll::Ready(Some(Ok(data)));
-                        }
+                    if let Some(data) = self.received(frame) {
+                        return Poll::Ready(Some(Ok(data)));
                     }
                 }
-                Poll::Ready(Some(Err(_))) if this.sse.as_ref().is_some_and(|s| s.seen.complete) => {
-                    this.inner = None;
+                Poll::Ready(Some(Err(_))) if self.source.scanner().is_some_and(|s| s.seen.complete) => {
+                    self.inner = None;
                 }
                 Poll::Ready(Some(Err(err))) => {
-                    if this.sse.is_none() {
-                        this.inner = None;
-                        this.outcome = Some((Outcome::Incomplete, Some(format!("upstream body failed: {err}"))));
-                        this.end();
+                    if self.source.sse().is_none() {
+                        self.inner = None;
+                        self.outcome = Some((Outcome::Incomplete, Some(format!("upstream body failed: {err}"))));
+                        self.end();
                         return Poll::Ready(Some(Err(BodyError::Upstream(err))));
                     }
-                    this.last = this.break_stream(format!("connection to the upstream failed ({err})"));
+                    self.last = self.break_stream(format!("connection to the upstream failed ({err})"));
                 }
                 Poll::Ready(None) => {
-                    this.inner = None;
-                    let unfinished = this.sse.as_ref().is_some_and(|s| !s.seen.complete);
+                    self.inner = None;
+                    let unfinished = self.source.scanner().is_some_and(|s| !s.seen.complete);
                     if unfinished {
-                        this.last = this.break_stream("the upstream ended the stream without its end marker".into());
+                        self.last = self.break_stream("the upstream ended the stream without its end marker".into());
                     }
                 }
                 Poll::Pending => {
-                    let deadline = this.last_frame + this.idle;
-                    if this.armed_for.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
-                        && this.closing.as_ref().is_none_or(|c| !c.over.is_over())
-                        && this.timer.as_ref().is_some_and(|t| !t.is_elapsed() && t.deadline() <= deadline)
-                    {
-                        return Poll::Pending;
+                    if let Some(poll) = self.idle(cx) {
+                        return poll;
                     }
-                    this.armed_for = None;
-                    if this.closing.as_mut().is_some_and(|c| c.wait.as_mut().poll(cx).is_ready()) {
-                        this.closing = None;
-                        this.resumes = 0;
-                        this.last = this.break_stream("tidegate is shutting down".into());
-                        continue;
-                    }
-                    // The timer is armed once and re-armed only when it
-                    // fires early (frames came meanwhile): not moved per
-                    // event, which would cost a timer-wheel update each.
-                    let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                    if timer.deadline() > deadline {
-                        // A continuation on an upstream with a shorter idle limit.
-                        timer.as_mut().reset(deadline);
-                    }
-                    if timer.as_mut().poll(cx).is_pending() {
-                        this.armed_for = Some(cx.waker().clone());
-                        return Poll::Pending;
-                    }
-                    if timer.deadline() < deadline {
-                        timer.as_mut().reset(deadline);
-                        if timer.as_mut().poll(cx).is_pending() {
-                            this.armed_for = Some(cx.waker().clone());
-                            return Poll::Pending;
-                        }
-                    }
-                    if this.sse.as_ref().is_some_and(|s| s.seen.complete) {
-                        this.inner = None;
-                        continue;
-                    }
-                    if this.sse.is_none() {
-                        this.inner = None;
-                        this.outcome =
-                            Some((Outcome::Incomplete, Some(format!("upstream silent for {:?}", this.idle))));
-                        this.end();
-                        return Poll::Ready(Some(Err(BodyError::Idle(this.idle))));
-                    }
-                    this.last = this.break_stream(format!("the upstream sent nothing for {:?}", this.idle));
                 }
             }
         }
+    }
+
+    /// A frame from the upstream: SSE bytes go to the scanner (their
+    /// events are drained on the next turn), a JSON body's bytes are
+    /// relayed as they came (`Some`).
+    #[inline]
+    fn received(&mut self, frame: Frame<Bytes>) -> Option<Bytes> {
+        let now = Instant::now();
+        self.gather.burst = now.saturating_duration_since(self.watch.last_frame) < BURST_GAP;
+        self.watch.last_frame = now;
+        let data = frame.into_data().ok()?;
+        let oversized = match &mut self.source {
+            Source::Sse(sse) => {
+                sse.scanner.feed_bytes(data);
+                sse.scanner.oversized().then(|| sse.scanner.max_event())
+            }
+            Source::Raw(json) | Source::Whole(json, _) => {
+                json.feed(&data);
+                // hyper stops polling once a sized body is complete:
+                // record the end with the last bytes.
+                if self.inner.as_ref().is_some_and(|i| i.is_end_stream()) {
+                    self.inner = None;
+                    self.end();
+                }
+                return Some(data);
+            }
+        };
+        if let Some(max) = oversized {
+            self.resume.resumes = 0;
+            self.last = self.break_stream(format!("the upstream sent an event over {max} bytes (max_stream_event)"));
+        }
+        None
+    }
+
+    /// The upstream has nothing now: wait for its next frame, unless the
+    /// shutdown grace ended or the idle limit passed (then the stream
+    /// breaks). `None`: look again (something changed).
+    fn idle(&mut self, cx: &mut Context<'_>) -> Option<Poll<Option<Result<Bytes, BodyError>>>> {
+        let watch = &mut self.watch;
+        let deadline = watch.last_frame + watch.idle;
+        if watch.armed_for.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+            && watch.closing.as_ref().is_none_or(|c| !c.over.is_over())
+            && watch.timer.as_ref().is_some_and(|t| !t.is_elapsed() && t.deadline() <= deadline)
+        {
+            return Some(Poll::Pending);
+        }
+        watch.armed_for = None;
+        if watch.closing.as_mut().is_some_and(|c| c.wait.as_mut().poll(cx).is_ready()) {
+            watch.closing = None;
+            self.resume.resumes = 0;
+            self.last = self.break_stream("tidegate is shutting down".into());
+            return None;
+        }
+        // The timer is armed once and re-armed only when it fires early
+        // (frames came meanwhile): not moved per event, which would cost a
+        // timer-wheel update each.
+        let timer = watch.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() > deadline {
+            // A continuation on an upstream with a shorter idle limit.
+            timer.as_mut().reset(deadline);
+        }
+        if timer.as_mut().poll(cx).is_pending() {
+            watch.armed_for = Some(cx.waker().clone());
+            return Some(Poll::Pending);
+        }
+        if timer.deadline() < deadline {
+            timer.as_mut().reset(deadline);
+            if timer.as_mut().poll(cx).is_pending() {
+                watch.armed_for = Some(cx.waker().clone());
+                return Some(Poll::Pending);
+            }
+        }
+        let idle = watch.idle;
+        if self.source.scanner().is_some_and(|s| s.seen.complete) {
+            self.inner = None;
+            return None;
+        }
+        if self.source.sse().is_none() {
+            self.inner = None;
+            self.outcome = Some((Outcome::Incomplete, Some(format!("upstream silent for {idle:?}"))));
+            self.end();
+            return Some(Poll::Ready(Some(Err(BodyError::Idle(idle)))));
+        }
+        self.last = self.break_stream(format!("the upstream sent nothing for {idle:?}"));
+        None
     }
 }
