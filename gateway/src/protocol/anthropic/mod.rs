@@ -3,6 +3,7 @@
 //! opens, `content_block_start` opens a block, deltas carry text or tool
 //! input, `ping` keeps alive, `event: error` fails, `message_stop` ends.
 
+pub mod stream;
 pub mod turn;
 
 use std::borrow::Cow;
