@@ -4,6 +4,7 @@
 //! Also the error shape of every OpenAI-family endpoint (embeddings, the
 //! Responses API's HTTP errors).
 
+pub mod stream;
 pub mod turn;
 
 use std::borrow::Cow;

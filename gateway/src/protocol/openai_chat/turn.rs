@@ -1,23 +1,21 @@
 //! Chat completions read into and written from [`crate::protocol::turn`]:
-//! requests both ways, answers both ways, stream chunks into deltas
-//! ([`Reader`]) and deltas into chunks ([`Writer`]).
+//! requests both ways, answers both ways, and the chunks' typed shape
+//! (stream chunks both ways are `stream.rs`: [`Reader`], [`Writer`]).
 //!
 //! Written requests send `max_tokens` (what every chat-compatible provider
 //! takes; OpenAI's own still accepts it for non-reasoning models) and ask
 //! for usage in streams (`stream_options.include_usage`); the client's
 //! stream gets the usage chunk only if it asked for it.
 
-use crate::protocol::stream_turn::{StreamReader, StreamWriter};
 use std::borrow::Cow;
 
-use bytes::{BufMut, BytesMut};
 use serde_json::{Value, json};
 
+pub use super::stream::{Reader, Writer};
 use crate::protocol::Protocol;
-use crate::protocol::events::sse_event;
-use crate::protocol::json::{Arr, Obj, put_str, put_u64};
+use crate::protocol::json::{Arr, Obj};
 use crate::protocol::turn::{
-    Delta, Image, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
+    Image, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
     custom_tool_schema, push, refusal,
 };
 
@@ -398,7 +396,7 @@ pub(crate) fn effort_of(r: &Reasoning) -> String {
     }
 }
 
-fn opaque_name(from: Protocol) -> &'static str {
+pub(super) fn opaque_name(from: Protocol) -> &'static str {
     match from {
         Protocol::Anthropic => "thinking signature",
         Protocol::OpenAiResponses => "encrypted reasoning",
@@ -408,7 +406,7 @@ fn opaque_name(from: Protocol) -> &'static str {
 }
 
 /// The stop a `finish_reason` stands for.
-fn stop_of(reason: &str) -> Stop {
+pub(super) fn stop_of(reason: &str) -> Stop {
     match reason {
         "length" => Stop::Length,
         "tool_calls" | "function_call" => Stop::ToolUse,
@@ -417,7 +415,7 @@ fn stop_of(reason: &str) -> Stop {
     }
 }
 
-fn finish_reason(stop: &Stop) -> &'static str {
+pub(super) fn finish_reason(stop: &Stop) -> &'static str {
     match stop {
         Stop::End | Stop::Sequence(_) => "stop",
         Stop::Length => "length",
@@ -426,7 +424,7 @@ fn finish_reason(stop: &Stop) -> &'static str {
     }
 }
 
-fn usage_of(u: &Value) -> Tokens {
+pub(super) fn usage_of(u: &Value) -> Tokens {
     Tokens {
         input: u["prompt_tokens"].as_u64().unwrap_or(0),
         output: u["completion_tokens"].as_u64().unwrap_or(0),
@@ -439,7 +437,7 @@ fn usage_of(u: &Value) -> Tokens {
     }
 }
 
-fn usage_value(u: &Tokens) -> Value {
+pub(super) fn usage_value(u: &Tokens) -> Value {
     json!({"prompt_tokens": u.input, "completion_tokens": u.output, "total_tokens": u.input + u.output,
         "prompt_tokens_details": {"cached_tokens": u.cached},
         "completion_tokens_details": {"reasoning_tokens": u.reasoning}})
@@ -545,173 +543,98 @@ pub fn write_answer(reply: &Reply, reasoning: bool) -> Value {
         "usage": usage_value(&reply.usage)})
 }
 
-fn chat_id(id: &str) -> String {
+pub(super) fn chat_id(id: &str) -> String {
     if id.starts_with("chatcmpl") { id.to_owned() } else { format!("chatcmpl-{id}") }
 }
 
-fn now() -> i64 {
+pub(super) fn now() -> i64 {
     jiff::Timestamp::now().as_second()
-}
-
-/// Chat chunks into deltas.
-#[derive(Debug, Default)]
-pub struct Reader {
-    started: bool,
-    /// The provider's indices of the calls opened (a set: a provider
-    /// may open many).
-    calls: std::collections::HashSet<u32>,
-    stopped: bool,
-}
-
-impl StreamReader for Reader {
-    /// Reads one event's data.
-    fn read(&mut self, _name: Option<&str>, data: &str, out: &mut Vec<Delta>) {
-        if data.trim() == "[DONE]" {
-            out.push(Delta::Done);
-            return;
-        }
-        // The usual chunk, read in place (borrowed strings); anything
-        // else (an error object, a field of another type) the slow way.
-        if let Ok(chunk) = serde_json::from_str::<ChunkIn<'_>>(data)
-            && chunk.error.is_none()
-        {
-            self.read_chunk(chunk, out);
-            return;
-        }
-        let Ok(v) = serde_json::from_str::<Value>(data) else { return };
-        if let Some(err) = v.get("error") {
-            let message = err["message"].as_str().map_or_else(|| err.to_string(), str::to_owned);
-            out.push(Delta::Error { status: crate::protocol::error_status(data.as_bytes()), message });
-            return;
-        }
-        if !self.started {
-            self.started = true;
-            out.push(Delta::Start {
-                id: v["id"].as_str().unwrap_or_default().to_owned(),
-                model: v["model"].as_str().unwrap_or_default().to_owned(),
-            });
-        }
-        if let Some(choice) = v["choices"].get(0) {
-            let d = &choice["delta"];
-            let reasoning = d.get("reasoning_content").or_else(|| d.get("reasoning")).and_then(Value::as_str);
-            if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
-                out.push(Delta::Reasoning(text.to_owned()));
-            }
-            if let Some(text) = d["content"].as_str().filter(|t| !t.is_empty()) {
-                out.push(Delta::Text(text.to_owned()));
-            }
-            for (k, call) in d["tool_calls"].as_array().into_iter().flatten().enumerate() {
-                let index = call["index"].as_u64().map_or(k as u32, |i| i as u32);
-                if self.calls.insert(index) {
-                    out.push(Delta::ToolCall {
-                        index,
-                        id: call["id"].as_str().unwrap_or_default().to_owned(),
-                        name: call["function"]["name"].as_str().unwrap_or_default().to_owned(),
-                    });
-                }
-                if let Some(args) = call["function"]["arguments"].as_str().filter(|a| !a.is_empty()) {
-                    out.push(Delta::ToolArgs { index, args: args.to_owned() });
-                }
-            }
-            if let Some(reason) = choice["finish_reason"].as_str()
-                && !self.stopped
-            {
-                self.stopped = true;
-                let stop = stop_of(reason);
-                let stop = if stop == Stop::End && !self.calls.is_empty() { Stop::ToolUse } else { stop };
-                out.push(Delta::Stop(stop));
-            }
-        }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            out.push(Delta::Tokens(usage_of(u)));
-        }
-    }
 }
 
 /// A streamed chunk as chat-compatible providers send it, borrowed.
 #[derive(serde::Deserialize)]
-struct ChunkIn<'a> {
+pub(super) struct ChunkIn<'a> {
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    pub(super) id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
+    pub(super) model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    choices: Vec<ChoiceIn<'a>>,
+    pub(super) choices: Vec<ChoiceIn<'a>>,
     #[serde(default)]
-    usage: Option<UsageIn>,
+    pub(super) usage: Option<UsageIn>,
     #[serde(borrow, default)]
-    error: Option<&'a serde_json::value::RawValue>,
+    pub(super) error: Option<&'a serde_json::value::RawValue>,
 }
 
 #[derive(serde::Deserialize)]
-struct ChoiceIn<'a> {
+pub(super) struct ChoiceIn<'a> {
     #[serde(borrow, default)]
-    delta: Option<DeltaIn<'a>>,
+    pub(super) delta: Option<DeltaIn<'a>>,
     /// A whole answer's (the same fields as a delta).
     #[serde(borrow, default)]
-    message: Option<DeltaIn<'a>>,
+    pub(super) message: Option<DeltaIn<'a>>,
     #[serde(borrow, default)]
-    finish_reason: Option<Cow<'a, str>>,
+    pub(super) finish_reason: Option<Cow<'a, str>>,
 }
 
 #[derive(serde::Deserialize, Default)]
-struct DeltaIn<'a> {
+pub(super) struct DeltaIn<'a> {
     #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
+    pub(super) content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    reasoning_content: Option<Cow<'a, str>>,
+    pub(super) reasoning_content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    reasoning: Option<Cow<'a, str>>,
+    pub(super) reasoning: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    tool_calls: Option<Vec<ToolCallIn<'a>>>,
+    pub(super) tool_calls: Option<Vec<ToolCallIn<'a>>>,
 }
 
 #[derive(serde::Deserialize)]
-struct ToolCallIn<'a> {
+pub(super) struct ToolCallIn<'a> {
     #[serde(default)]
-    index: Option<u32>,
+    pub(super) index: Option<u32>,
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    pub(super) id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    function: Option<FunctionIn<'a>>,
+    pub(super) function: Option<FunctionIn<'a>>,
 }
 
 #[derive(serde::Deserialize)]
-struct FunctionIn<'a> {
+pub(super) struct FunctionIn<'a> {
     #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
+    pub(super) name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    arguments: Option<Cow<'a, str>>,
+    pub(super) arguments: Option<Cow<'a, str>>,
 }
 
 #[derive(serde::Deserialize)]
-struct UsageIn {
+pub(super) struct UsageIn {
     #[serde(default)]
-    prompt_tokens: Option<u64>,
+    pub(super) prompt_tokens: Option<u64>,
     #[serde(default)]
-    completion_tokens: Option<u64>,
+    pub(super) completion_tokens: Option<u64>,
     #[serde(default)]
-    prompt_cache_hit_tokens: Option<u64>,
+    pub(super) prompt_cache_hit_tokens: Option<u64>,
     #[serde(default)]
-    prompt_tokens_details: Option<CachedIn>,
+    pub(super) prompt_tokens_details: Option<CachedIn>,
     #[serde(default)]
-    completion_tokens_details: Option<ReasoningIn>,
+    pub(super) completion_tokens_details: Option<ReasoningIn>,
 }
 
 #[derive(serde::Deserialize)]
-struct CachedIn {
+pub(super) struct CachedIn {
     #[serde(default)]
-    cached_tokens: Option<u64>,
+    pub(super) cached_tokens: Option<u64>,
 }
 
 #[derive(serde::Deserialize)]
-struct ReasoningIn {
+pub(super) struct ReasoningIn {
     #[serde(default)]
-    reasoning_tokens: Option<u64>,
+    pub(super) reasoning_tokens: Option<u64>,
 }
 
 impl UsageIn {
-    fn usage(self) -> Tokens {
+    pub(super) fn usage(self) -> Tokens {
         Tokens {
             input: self.prompt_tokens.unwrap_or(0),
             output: self.completion_tokens.unwrap_or(0),
@@ -723,175 +646,5 @@ impl UsageIn {
             cache_written: 0,
             reasoning: self.completion_tokens_details.and_then(|d| d.reasoning_tokens).unwrap_or(0),
         }
-    }
-}
-
-impl Reader {
-    fn read_chunk(&mut self, chunk: ChunkIn<'_>, out: &mut Vec<Delta>) {
-        if !self.started {
-            self.started = true;
-            out.push(Delta::Start {
-                id: chunk.id.as_deref().unwrap_or_default().to_owned(),
-                model: chunk.model.as_deref().unwrap_or_default().to_owned(),
-            });
-        }
-        if let Some(choice) = chunk.choices.into_iter().next() {
-            let d = choice.delta.unwrap_or_default();
-            if let Some(text) = d.reasoning_content.or(d.reasoning).filter(|t| !t.is_empty()) {
-                out.push(Delta::Reasoning(text.into_owned()));
-            }
-            if let Some(text) = d.content.filter(|t| !t.is_empty()) {
-                out.push(Delta::Text(text.into_owned()));
-            }
-            for (k, call) in d.tool_calls.into_iter().flatten().enumerate() {
-                let index = call.index.unwrap_or(k as u32);
-                let (name, args) = call.function.map_or((None, None), |f| (f.name, f.arguments));
-                if self.calls.insert(index) {
-                    out.push(Delta::ToolCall {
-                        index,
-                        id: call.id.as_deref().unwrap_or_default().to_owned(),
-                        name: name.as_deref().unwrap_or_default().to_owned(),
-                    });
-                }
-                if let Some(args) = args.filter(|a| !a.is_empty()) {
-                    out.push(Delta::ToolArgs { index, args: args.into_owned() });
-                }
-            }
-            if let Some(reason) = choice.finish_reason
-                && !self.stopped
-            {
-                self.stopped = true;
-                let stop = stop_of(&reason);
-                let stop = if stop == Stop::End && !self.calls.is_empty() { Stop::ToolUse } else { stop };
-                out.push(Delta::Stop(stop));
-            }
-        }
-        if let Some(u) = chunk.usage {
-            out.push(Delta::Tokens(u.usage()));
-        }
-    }
-}
-
-/// Deltas into chat chunks.
-#[derive(Debug)]
-pub struct Writer {
-    id: String,
-    model: String,
-    created: i64,
-    /// The client asked for a usage chunk.
-    include_usage: bool,
-    /// The client asked for reasoning.
-    reasoning: bool,
-    started: bool,
-    /// Provider call index → the client's (in order of appearance).
-    calls: Vec<u32>,
-    usage: Option<Tokens>,
-    stop: Option<Stop>,
-    done: bool,
-}
-
-impl Writer {
-    /// A writer for a client that asked (or not) for usage and reasoning.
-    pub fn new(include_usage: bool, reasoning: bool) -> Self {
-        Self {
-            id: String::new(),
-            model: String::new(),
-            created: now(),
-            include_usage,
-            reasoning,
-            started: false,
-            calls: Vec::new(),
-            usage: None,
-            stop: None,
-            done: false,
-        }
-    }
-
-    fn chunk(&self, delta: Value, finish: Option<&str>, out: &mut BytesMut) {
-        let chunk = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-            "model": self.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
-        out.put_slice(&sse_event(None, chunk.to_string().as_bytes()));
-    }
-
-    fn start(&mut self, out: &mut BytesMut) {
-        if !self.started {
-            self.started = true;
-            if self.id.is_empty() {
-                self.id = format!("chatcmpl-{}", uuid::Uuid::now_v7().simple());
-            }
-            self.chunk(json!({"role": "assistant", "content": ""}), None, out);
-        }
-    }
-}
-
-impl StreamWriter for Writer {
-    const PROTOCOL: Protocol = Protocol::OpenAiChat;
-
-    fn ended(&mut self) -> &mut bool {
-        &mut self.done
-    }
-
-    fn content(&mut self, delta: Delta, out: &mut BytesMut) {
-        match delta {
-            Delta::Start { id, model } => {
-                if !self.started {
-                    self.id = chat_id(&id);
-                    self.model = model;
-                }
-                self.start(out);
-            }
-            Delta::Text(text) => {
-                self.start(out);
-                // The hot chunk, written without a JSON tree.
-                out.put_slice(b"data: {\"id\":");
-                put_str(out, &self.id);
-                out.put_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
-                put_u64(out, self.created.max(0) as u64);
-                out.put_slice(b",\"model\":");
-                put_str(out, &self.model);
-                out.put_slice(b",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
-                put_str(out, &text);
-                out.put_slice(b"},\"finish_reason\":null}]}\n\n");
-            }
-            Delta::Reasoning(text) if self.reasoning => {
-                self.start(out);
-                self.chunk(json!({"reasoning_content": text}), None, out);
-            }
-            Delta::Reasoning(_) | Delta::Opaque(_) => {}
-            Delta::ToolCall { index, id, name } => {
-                self.start(out);
-                let at = self.calls.len();
-                self.calls.push(index);
-                self.chunk(
-                    json!({"tool_calls": [{"index": at, "id": id, "type": "function",
-                        "function": {"name": name, "arguments": ""}}]}),
-                    None,
-                    out,
-                );
-            }
-            Delta::ToolArgs { index, args } => {
-                let Some(at) = self.calls.iter().position(|i| *i == index) else { return };
-                self.chunk(json!({"tool_calls": [{"index": at, "function": {"arguments": args}}]}), None, out);
-            }
-            Delta::Tokens(u) => self.usage = Some(u),
-            Delta::Stop(stop) => self.stop = Some(stop),
-            // The trait's `write` ends the stream.
-            Delta::Done | Delta::Error { .. } => {}
-        }
-    }
-
-    /// The end: the finish chunk, usage if asked, `[DONE]` (once).
-    fn end(&mut self, out: &mut BytesMut) {
-        self.start(out);
-        let stop = self.stop.take().unwrap_or_default();
-        self.chunk(json!({}), Some(finish_reason(&stop)), out);
-        if self.include_usage
-            && let Some(u) = &self.usage
-        {
-            let chunk = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [], "usage": usage_value(u)});
-            out.put_slice(&sse_event(None, chunk.to_string().as_bytes()));
-        }
-        out.put_slice(b"data: [DONE]\n\n");
     }
 }
