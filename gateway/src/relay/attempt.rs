@@ -94,32 +94,53 @@ pub(super) async fn attempt(job: &Job, index: UpstreamId, upstream: &Upstream, s
         return Attempt::Failure(classify::classify_odd(status.as_u16(), &odd), None);
     }
     if !status.is_success() {
-        return failed(resp, upstream, back.as_deref(), deadline).await;
+        let (parts, bytes) = read_error(resp, deadline).await;
+        return failed(parts, bytes, upstream, back.as_deref());
     }
     let (mut parts, incoming) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
     // The upstream's answer is in the target's protocol; what tidegate
-    // says itself is in the client's.
+    // says itself is in the client's. Every wait stays in this future
+    // (a nested one is moved into it, a copy of its size): the rest is
+    // plain functions.
     let answering = Answering { job, upstream, index, protocol: endpoint.protocol(), back: back.as_deref() };
-    match is_sse(&parts.headers) {
-        false => answering.json(parts, incoming).await,
-        true => answering.stream(parts, incoming).await,
+    let idle = upstream.config.stream_idle_timeout;
+    if !is_sse(&parts.headers) {
+        let json = JsonEnd::new(&parts.headers);
+        if !answering.protocol.reads_json_answers() && answering.back.is_none() {
+            let body = RelayBody::raw(incoming, json, idle, answering.protocol, answering.name());
+            return Attempt::Success(Answer::Stream(parts, Box::new(body)));
+        }
+        let read = tokio::time::timeout_at(deadline, Limited::new(incoming, MAX_CHECKED_ANSWER).collect()).await;
+        return match read {
+            Ok(Ok(collected)) => answering.checked(parts, json, collected.to_bytes()),
+            Ok(Err(err)) => {
+                let failure = TransportFailure::Connection(format!("answer body could not be read: {err}"));
+                Attempt::Failure(classify::classify_transport(&failure), None)
+            }
+            Err(_) => {
+                let failure = TransportFailure::Timeout("the answer body did not arrive before the deadline".into());
+                Attempt::Ended(classify::classify_transport(&failure))
+            }
+        };
     }
+    let max_event = job.gw.config.max_stream_event;
+    let shook = handshake::handshake(incoming, answering.protocol, idle, deadline, max_event, back.is_some()).await;
+    answering.opened(parts, shook)
 }
 
-/// An upstream's error answer: its body read (within the deadline),
+/// An upstream's error answer (its body read within the deadline):
 /// scrubbed and classified as the target said it, and told in the
 /// client's words when translated.
-async fn failed(
-    resp: http::Response<crate::upstream::UpstreamBody>,
+fn failed(
+    mut parts: http::response::Parts,
+    bytes: Bytes,
     upstream: &Upstream,
     back: Option<&translate::Back>,
-    deadline: Instant,
 ) -> Attempt {
-    let (mut parts, bytes) = read_error(resp, deadline).await;
     let mut bytes = upstream.error_body(&mut parts, bytes);
-    let outcome =
-        classify::classify(parts.status, &parts.headers, &bytes, &upstream.config.rules, jiff::Timestamp::now());
+    let rules = &upstream.config.rules;
+    let outcome = classify::classify(parts.status, &parts.headers, &bytes, rules, jiff::Timestamp::now());
     if let Some(back) = back {
         bytes = translate::error(back, parts.status.as_u16(), &bytes);
         parts.headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
@@ -143,29 +164,11 @@ impl Answering<'_> {
         (self.index, self.upstream.config.name.as_str())
     }
 
-    /// A JSON answer: relayed as it streams, or — for a protocol that can
-    /// hide a failure under 200, and for a translation — read whole first
-    /// (within the deadline, at most [`MAX_CHECKED_ANSWER`]).
-    async fn json(self, mut parts: http::response::Parts, incoming: crate::upstream::UpstreamBody) -> Attempt {
-        let (protocol, name, idle) = (self.protocol, self.name(), self.upstream.config.stream_idle_timeout);
-        let json = JsonEnd::new(&parts.headers);
-        if !protocol.reads_json_answers() && self.back.is_none() {
-            let body = RelayBody::raw(incoming, json, idle, protocol, name);
-            return Attempt::Success(Answer::Stream(parts, Box::new(body)));
-        }
-        let read =
-            tokio::time::timeout_at(self.job.deadline, Limited::new(incoming, MAX_CHECKED_ANSWER).collect()).await;
-        let bytes = match read {
-            Ok(Ok(collected)) => collected.to_bytes(),
-            Ok(Err(err)) => {
-                let failure = TransportFailure::Connection(format!("answer body could not be read: {err}"));
-                return Attempt::Failure(classify::classify_transport(&failure), None);
-            }
-            Err(_) => {
-                let failure = TransportFailure::Timeout("the answer body did not arrive before the deadline".into());
-                return Attempt::Ended(classify::classify_transport(&failure));
-            }
-        };
+    /// A JSON answer read whole (a protocol that can hide a failure under
+    /// 200, or a translation): checked, then relayed as one frame, in the
+    /// client's protocol when translated.
+    fn checked(self, mut parts: http::response::Parts, json: JsonEnd, bytes: Bytes) -> Attempt {
+        let (protocol, name) = (self.protocol, self.name());
         // What it says is read from its content (decoded if compressed);
         // the client gets the bytes as they came.
         let plain = json_end::decoded(&parts.headers, &bytes, MAX_CHECKED_ANSWER);
@@ -175,10 +178,8 @@ impl Answering<'_> {
         }
         parts.headers.remove(header::CONTENT_LENGTH);
         let Some(back) = self.back else {
-            return Attempt::Success(Answer::Stream(
-                parts,
-                Box::new(RelayBody::read(bytes, json, protocol, name, read.id)),
-            ));
+            let body = RelayBody::read(bytes, json, protocol, name, read.id);
+            return Attempt::Success(Answer::Stream(parts, Box::new(body)));
         };
         let bytes = match translate::answer(back, plain.as_deref().unwrap_or(&bytes)) {
             Ok(bytes) => bytes,
@@ -191,28 +192,20 @@ impl Answering<'_> {
         Attempt::Success(Answer::Stream(parts, Box::new(body)))
     }
 
-    /// An SSE answer: held until it proves itself (the handshake), then
-    /// relayed event by event, translated when the client speaks another
-    /// protocol.
-    async fn stream(self, mut parts: http::response::Parts, incoming: crate::upstream::UpstreamBody) -> Attempt {
-        let (job, idle) = (self.job, self.upstream.config.stream_idle_timeout);
-        let shook = handshake::handshake(
-            incoming,
-            self.protocol,
-            idle,
-            job.deadline,
-            job.gw.config.max_stream_event,
-            self.back.is_some(),
-        );
-        match shook.await {
+    /// How an SSE answer's handshake went: relayed event by event from its
+    /// first content (translated when the client speaks another protocol),
+    /// or the failure it was.
+    fn opened(self, mut parts: http::response::Parts, shook: Handshake) -> Attempt {
+        match shook {
             Handshake::Open { inner, scanner, ready } => {
                 // What the client gets is not always the upstream's bytes
                 // (an error event of tidegate's after a break, a
                 // translation), so an upstream's length is never passed
                 // on: the stream is chunked.
                 parts.headers.remove(header::CONTENT_LENGTH);
+                let idle = self.upstream.config.stream_idle_timeout;
                 let mut body = RelayBody::sse(inner, idle, scanner, ready, self.protocol, self.name());
-                body.close_with(&job.gw.closing);
+                body.close_with(&self.job.gw.closing);
                 if let Some(back) = self.back {
                     body.translate(back);
                 }
@@ -221,11 +214,8 @@ impl Answering<'_> {
             Handshake::Rejected(data) => carried_failure(&parts.headers, data, self.upstream, self.back),
             Handshake::Empty => {
                 let note = b"empty stream: the upstream ended the stream before any content";
-                let rules = &self.upstream.config.rules;
-                Attempt::Failure(
-                    classify::classify(StatusCode::OK, &parts.headers, note, rules, jiff::Timestamp::now()),
-                    None,
-                )
+                let (rules, now) = (&self.upstream.config.rules, jiff::Timestamp::now());
+                Attempt::Failure(classify::classify(StatusCode::OK, &parts.headers, note, rules, now), None)
             }
             Handshake::Broken(detail) => {
                 let failure = TransportFailure::Connection(format!("stream broke before any content: {detail}"));
