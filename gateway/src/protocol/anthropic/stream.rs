@@ -177,19 +177,29 @@ impl Writer {
         self.open = want;
     }
 
+    /// A `content_block_delta` of the open block.
+    fn block_delta(&self, delta: Value, out: &mut BytesMut) {
+        Self::event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": self.next, "delta": delta}),
+            out,
+        );
+    }
+
+    /// The open block's `content_block_stop`.
+    fn block_stop(&self, out: &mut BytesMut) {
+        Self::event("content_block_stop", &json!({"type": "content_block_stop", "index": self.next}), out);
+    }
+
     fn close(&mut self, out: &mut BytesMut) {
         if self.open == Open::None {
             return;
         }
         if self.open == Open::Thinking {
             let d = json!({"type": "signature_delta", "signature": TRANSLATED_SIGNATURE});
-            Self::event(
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": self.next, "delta": d}),
-                out,
-            );
+            self.block_delta(d, out);
         }
-        Self::event("content_block_stop", &json!({"type": "content_block_stop", "index": self.next}), out);
+        self.block_stop(out);
         self.next += 1;
         self.open = Open::None;
     }
@@ -226,12 +236,7 @@ impl StreamWriter for Writer {
             }
             Delta::Reasoning(text) if self.reasoning => {
                 self.open(Open::Thinking, out);
-                let d = json!({"type": "thinking_delta", "thinking": text});
-                Self::event(
-                    "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": self.next, "delta": d}),
-                    out,
-                );
+                self.block_delta(json!({"type": "thinking_delta", "thinking": text}), out);
             }
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
             Delta::Tokens(u) => self.usage.merge(u),
@@ -254,12 +259,8 @@ impl StreamWriter for Writer {
                 out,
             );
             let d = json!({"type": "input_json_delta", "partial_json": args});
-            Self::event(
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": self.next, "delta": d}),
-                out,
-            );
-            Self::event("content_block_stop", &json!({"type": "content_block_stop", "index": self.next}), out);
+            self.block_delta(d, out);
+            self.block_stop(out);
             self.next += 1;
             self.stop.get_or_insert(Stop::ToolUse);
         }
