@@ -6,11 +6,12 @@
 //!
 //! ```text
 //! client ──► server    model endpoints straight to their handler (`Front`),
-//!                      the rest via the route table; admission: the client
-//!                      key (constant time), the size limit, raw bytes kept
-//!        ──► exchange  the request's one owner, made at arrival: it routes
-//!                      it, starts every run of the attempt loop, answers and
-//!                      reports it once
+//!                      the rest via the route table; thin handlers
+//!        ──► exchange  the request's one owner, made at arrival: it admits,
+//!                      routes, starts every run of the attempt loop, answers
+//!                      and reports it once
+//!        ──► admission the client key (constant time), the size limit, raw
+//!                      bytes kept
 //!        ──► route     (`exchange::route`) `protocol` reads `model`, `stream` and the routing
 //!                      fields; `config` gives the alias or pattern's targets;
 //!                      the deadline, priority, the pin of stored state
@@ -54,6 +55,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod affinity;
 pub mod anomaly;
 pub mod classify;

@@ -93,73 +93,80 @@ impl Exchange {
         self.report.id
     }
 
-    /// Admission let the request in, for the client key named `client`
-    /// (`None` without client keys).
-    pub fn admitted(&mut self, client: Option<String>) {
-        self.report.client = client;
-    }
-
-    /// The admitted request from routing to the answer's head: routing
-    /// ([`route`]), the client's volume checked against its baseline, the
-    /// attempt loop — and, for a stream still waiting after
-    /// `stream_keepalive_after`, the head committed with keep-alive
-    /// comments while the loop goes on in the body — then the answer.
+    /// A model endpoint's request from its arrival to the answer's head,
+    /// every step owned by one exchange: admission ([`crate::admission`]:
+    /// the key, the body), routing ([`route`]), the client's volume
+    /// checked against its baseline, the attempt loop — and, for a stream
+    /// still waiting after `stream_keepalive_after`, the head committed
+    /// with keep-alive comments while the loop goes on in the body — then
+    /// the answer (`reframe` last: a Gemini stream re-framed as a JSON
+    /// array). `headers`: the client's (a Gemini key in the query moved
+    /// in), `named`: a model named in the path (Gemini).
+    ///
+    /// One future for all of it, not one per step: a future awaited in
+    /// another is kept in it whole, and the request's is the one a
+    /// connection holds while the request is served.
     #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice in its future")]
-    pub fn run(
-        mut self,
+    pub fn serve(
         gw: Arc<Gateway>,
         endpoint: Endpoint,
-        named: Option<String>,
         headers: http::HeaderMap,
-        body: bytes::Bytes,
+        body: impl crate::admission::body::ClientBody,
+        named: Option<String>,
+        reframe: fn(Response) -> Response,
     ) -> impl Future<Output = Response> + Send {
-        // Not an `async fn`: it would keep the headers and the body twice
-        // in the request's future.
         async move {
             let protocol = endpoint.protocol();
+            // One clock read for the request's arrival: its report,
+            // deadline, lane and volume count all start from it.
+            let mut exchange = Exchange::arrive(crate::request_id::next(), Instant::now(), gw.sink.clone(), &headers);
+            if gw.draining.load(Ordering::Acquire) {
+                // Shutting down: an honest 503 at once.
+                crate::admission::body::discard(body, &headers, gw.config.body_timeout).await;
+                return exchange.reject(GatewayError::ShuttingDown, protocol);
+            }
+            let body = match crate::admission::admit(&gw, &headers, body).await {
+                Ok((client, body)) => {
+                    exchange.report.client = client;
+                    body
+                }
+                Err(error) => return exchange.reject(error, protocol),
+            };
             // The job is moved into the loop: scoped, so its room in this
             // future ends there.
             let (mut running, keepalive) = {
                 let mut asked = route::Asked::default();
-                let client = self.report.client.clone();
-                let routed = route::route(
-                    &gw,
-                    endpoint,
-                    named,
-                    headers,
-                    body,
-                    client.as_deref(),
-                    self.report.started,
-                    &mut asked,
-                )
-                .await;
-                self.asked(asked);
+                let client = exchange.report.client.clone();
+                let started = exchange.report.started;
+                let routed =
+                    route::route(&gw, endpoint, named, headers, body, client.as_deref(), started, &mut asked).await;
+                exchange.asked(asked);
                 let mut job = match routed {
                     Ok(route::Routed::Relay(job)) => job,
-                    Ok(route::Routed::Estimate(tokens)) => return self.estimate(tokens, protocol),
-                    Err(error) => return self.reject(error, protocol),
+                    Ok(route::Routed::Estimate(tokens)) => return exchange.estimate(tokens, protocol),
+                    Err(error) => return exchange.reject(error, protocol),
                 };
-                self.observe_volume(&gw, &mut job);
+                exchange.observe_volume(&gw, &mut job);
                 let after = match job.head.stream && protocol.keeps_alive_with_comments() {
                     true => gw.config.stream_keepalive_after,
                     false => None,
                 };
                 let keepalive = after.map(|after| (after, job.progress.clone()));
-                (self.start(job), keepalive)
+                (exchange.start(job), keepalive)
             };
             let ran = match keepalive {
                 Some((after, progress)) => {
                     tokio::select! {
                         ran = &mut running => ran,
                         () = tokio::time::sleep(after) => {
-                            return self.commit_waiting(&gw, protocol, running, progress);
+                            return reframe(exchange.commit_waiting(&gw, protocol, running, progress));
                         }
                     }
                 }
                 None => running.await,
             };
-            let answer = self.absorb(ran);
-            self.respond(answer, protocol)
+            let answer = exchange.absorb(ran);
+            reframe(exchange.respond(answer, protocol))
         }
     }
 

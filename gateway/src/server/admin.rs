@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::Gateway;
-use super::auth::authenticate;
+use crate::admission::auth::authenticate;
 use crate::config::ClientKey;
 use crate::error::GatewayError;
 use crate::journal;

@@ -7,10 +7,9 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue, header};
-use tokio::time::Instant;
 
-use super::auth::{GOOG_API_KEY, authenticate, key_from_query, local_only};
-use super::body;
+use crate::admission::auth::{GOOG_API_KEY, authenticate, key_from_query};
+use crate::admission::body;
 use crate::error::GatewayError;
 use crate::exchange::Exchange;
 use crate::gateway::Gateway;
@@ -119,50 +118,28 @@ async fn refuse(gw: &Gateway, error: GatewayError, req: Request) -> Response {
     response
 }
 
-/// A model endpoint's request, from arrival to the answer's head:
-/// admission, routing, then the attempt loop, all owned by one
-/// [`Exchange`].
+/// A model endpoint's request: taken apart here (a Gemini model named in
+/// the path, its key in the query), then served by its [`Exchange`].
 pub(super) fn proxy(
     gw: Arc<Gateway>,
     endpoint: Endpoint,
     req: http::Request<impl body::ClientBody + 'static>,
 ) -> impl Future<Output = Response> + Send {
-    // Not an `async fn`: it would keep the request twice in this future,
-    // which lives as long as the request (see `relay::relay`); and the
-    // request is taken apart before it, so the future holds its parts
-    // only (a captured value keeps its room to the end).
+    // The request is taken apart before its future: the future holds its
+    // headers and body only (what it captures keeps its room to the end).
     let (mut parts, body) = req.into_parts();
-    async move {
-        let protocol = endpoint.protocol();
-        // A Gemini stream asked for without `alt=sse`: one JSON array.
-        let array = endpoint == Endpoint::StreamGenerateContent && !protocol::gemini::wants_sse(parts.uri.query());
-        // Gemini names the model in the path (and may send the key in the query).
-        let named = match protocol {
-            Protocol::Gemini => {
-                key_from_query(&parts.uri, &mut parts.headers);
-                protocol::gemini::parse_path(parts.uri.path()).map(|(_, model)| model)
-            }
-            _ => None,
-        };
-        // One clock read for the request's arrival: its report, deadline,
-        // lane and volume count all start from it.
-        let arrived = Instant::now();
-        let mut exchange = Exchange::arrive(crate::request_id::next(), arrived, gw.sink.clone(), &parts.headers);
-        if gw.draining.load(std::sync::atomic::Ordering::Acquire) {
-            // Shutting down: an honest 503 at once.
-            body::discard(body, &parts.headers, gw.config.body_timeout).await;
-            return exchange.reject(GatewayError::ShuttingDown, protocol);
+    // A Gemini stream asked for without `alt=sse`: one JSON array.
+    let array = endpoint == Endpoint::StreamGenerateContent && !protocol::gemini::wants_sse(parts.uri.query());
+    // Gemini names the model in the path (and may send the key in the query).
+    let named = match endpoint.protocol() {
+        Protocol::Gemini => {
+            key_from_query(&parts.uri, &mut parts.headers);
+            protocol::gemini::parse_path(parts.uri.path()).map(|(_, model)| model)
         }
-        let body = match admit(&gw, &parts.headers, body).await {
-            Ok((client, body)) => {
-                exchange.admitted(client);
-                body
-            }
-            Err(error) => return exchange.reject(error, protocol),
-        };
-        let response = exchange.run(gw, endpoint, named, parts.headers, body).await;
-        if array { as_json_array(response) } else { response }
-    }
+        _ => None,
+    };
+    let reframe: fn(Response) -> Response = if array { as_json_array } else { std::convert::identity };
+    Exchange::serve(gw, endpoint, parts.headers, body, named, reframe)
 }
 
 /// A Gemini stream answer re-framed as Google's streamed JSON array (an
@@ -177,31 +154,6 @@ fn as_json_array(response: Response) -> Response {
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::new(protocol::gemini::array::JsonArray::new(body)))
-}
-
-/// Admission: the client key (or, with no keys configured, a local
-/// origin), then the body within `max_body` and `body_timeout`. A refused
-/// request's body is read and dropped first, so the client can read the
-/// refusal. Returns the key's name and the body.
-async fn admit(
-    gw: &Gateway,
-    headers: &HeaderMap,
-    body: impl body::ClientBody,
-) -> Result<(Option<String>, bytes::Bytes), GatewayError> {
-    let admitted = match authenticate(&gw.config.client_keys, headers) {
-        Ok(name) if !gw.config.client_keys.is_empty() => Ok(name),
-        Ok(name) => local_only(headers, &gw.config.allowed_origins).map(|()| name),
-        Err(()) => Err(GatewayError::Unauthorized),
-    };
-    let name = match admitted {
-        Ok(name) => name.map(str::to_owned),
-        Err(refused) => {
-            body::discard(body, headers, gw.config.body_timeout).await;
-            return Err(refused);
-        }
-    };
-    let body = body::read(body, headers, gw.config.max_body, gw.config.body_timeout).await?;
-    Ok((name, body))
 }
 
 #[cfg(test)]

@@ -6,8 +6,6 @@
 //! [`crate::error::GatewayError`].
 
 pub mod admin;
-mod auth;
-mod body;
 pub mod connections;
 mod handlers;
 pub mod listen;

@@ -41,21 +41,25 @@ pub fn key_from_query(uri: &http::Uri, headers: &mut HeaderMap) {
     }
 }
 
+/// No key, or a key that is not one of the configured ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadKey;
+
 /// Returns the matching key's name; `Ok(None)` when no keys are configured.
 /// Every configured key is compared, so timing reveals neither the key nor
 /// which entry matched.
-pub fn authenticate<'a>(keys: &'a [ClientKey], headers: &HeaderMap) -> Result<Option<&'a str>, ()> {
+pub fn authenticate<'a>(keys: &'a [ClientKey], headers: &HeaderMap) -> Result<Option<&'a str>, BadKey> {
     if keys.is_empty() {
         return Ok(None);
     }
-    let given = presented(headers).ok_or(())?;
+    let given = presented(headers).ok_or(BadKey)?;
     let mut found = None;
     for key in keys {
         if bool::from(key.key.expose().as_bytes().ct_eq(given)) {
             found = Some(key.name.as_str());
         }
     }
-    found.map(Some).ok_or(())
+    found.map(Some).ok_or(BadKey)
 }
 
 /// Keyless mode (no `client_keys`) serves local clients only: a request
@@ -148,10 +152,10 @@ mod tests {
     #[test]
     fn rejects_missing_wrong_and_prefix_keys() {
         let k = keys();
-        assert_eq!(authenticate(&k, &headers(&[])), Err(()));
-        assert_eq!(authenticate(&k, &headers(&[("x-api-key", "k-alic")])), Err(()));
-        assert_eq!(authenticate(&k, &headers(&[("x-api-key", "k-alice2")])), Err(()));
-        assert_eq!(authenticate(&k, &headers(&[("authorization", "Basic k-alice")])), Err(()));
+        assert_eq!(authenticate(&k, &headers(&[])), Err(BadKey));
+        assert_eq!(authenticate(&k, &headers(&[("x-api-key", "k-alic")])), Err(BadKey));
+        assert_eq!(authenticate(&k, &headers(&[("x-api-key", "k-alice2")])), Err(BadKey));
+        assert_eq!(authenticate(&k, &headers(&[("authorization", "Basic k-alice")])), Err(BadKey));
         assert_eq!(authenticate(&[], &headers(&[])), Ok(None));
     }
 

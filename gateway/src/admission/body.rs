@@ -21,7 +21,7 @@ use crate::error::GatewayError;
 
 /// A client's request body: hyper's own on the model endpoints (`Front`
 /// hands it over unboxed), axum's behind the router.
-pub(super) trait ClientBody: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin {}
+pub trait ClientBody: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin {}
 
 impl<B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin> ClientBody for B {}
 
@@ -38,7 +38,7 @@ const DISCARD_AT_MOST: usize = 256 * 1024 * 1024;
 /// `limit` (a client trickling its body cannot hold a request open). An
 /// oversized body is read to its end (up to [`DISCARD_AT_MOST`]) and
 /// dropped, so the client reads the 413 instead of a reset connection.
-pub(super) async fn read(
+pub async fn read(
     body: impl ClientBody,
     headers: &HeaderMap,
     max: usize,
@@ -109,7 +109,7 @@ pub(super) async fn read(
 /// before using it, so the client reads the refusal (see the module's
 /// doc): up to [`DISCARD_AT_MOST`] bytes, within `limit`. Nothing is read
 /// when the client waits for `100 Continue` or sent no body.
-pub(super) async fn discard(body: impl ClientBody, headers: &HeaderMap, limit: Duration) {
+pub async fn discard(body: impl ClientBody, headers: &HeaderMap, limit: Duration) {
     let waits_for_continue =
         headers.get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     if waits_for_continue || http_body::Body::is_end_stream(&body) {
