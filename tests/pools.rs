@@ -17,6 +17,11 @@ const NO_PLAN: &str = r#"{"error_code":"TM.00001005","error_msg":"no active plan
 /// A simulator whose accounts `key-a` and `key-b` take 2 requests at once
 /// each (not configured in tidegate: learned), and `key-c` has no plan.
 fn pool_sim() -> Simulator {
+    pool_sim_answering_in(300)
+}
+
+/// [`pool_sim`] with answers taking `latency_ms`.
+fn pool_sim_answering_in(latency_ms: u64) -> Simulator {
     let mut accounts = HashMap::new();
     for key in ["key-a", "key-b"] {
         accounts.insert(key.to_string(), AccountBehavior { max_in_flight: Some(2), ..Default::default() });
@@ -24,7 +29,7 @@ fn pool_sim() -> Simulator {
     accounts
         .insert("key-c".to_string(), AccountBehavior { refuse: Some(Fault::new(400, NO_PLAN)), ..Default::default() });
     let config = SimConfig {
-        default: Behavior { latency_ms: 300, ..Default::default() },
+        default: Behavior { latency_ms, ..Default::default() },
         record: true,
         accounts,
         ..Default::default()
@@ -329,4 +334,43 @@ async fn a_session_binding_is_shared_between_replicas() {
     for _ in 0..3 {
         assert_eq!(turn(&b_base, on_u2).await, "u2", "replica B did not see the binding");
     }
+}
+
+/// The burst of a new user: 12 requests 0.1 s apart to a pool of three
+/// accounts of unknown size (two take 2 at once, one has no plan). The
+/// first answer proves an account; its window then grows by one an answer
+/// (doubling a round trip), so each capped account refuses at most the one
+/// request that finds its cap, instead of the crowd released at once.
+#[tokio::test(start_paused = true)]
+async fn a_pool_of_unknown_size_grows_into_its_accounts_without_a_herd() {
+    // Answers take 2 s: the whole burst has arrived before the first.
+    let sim = pool_sim_answering_in(2000);
+    let gw = gateway(&pool_config("127.0.0.1:0", &sim, "")).await;
+    let base = format!("http://{}", gw.addr);
+    let started = tokio::time::Instant::now();
+    let tasks: Vec<_> = (0..12u64)
+        .map(|i| {
+            let base = base.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100 * i)).await;
+                ask_coder(&base).await.status().as_u16()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    let makespan = started.elapsed();
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let (a, b, c) = (sim.state.account("key-a"), sim.state.account("key-b"), sim.state.account("key-c"));
+    assert_eq!(c.requests, 1, "the account without a plan is asked once");
+    assert!(a.over_cap <= 1 && b.over_cap <= 1, "at most one refusal per capped account: {a:?} {b:?}");
+    assert!(a.max_in_flight <= 2 && b.max_in_flight <= 2, "{a:?} {b:?}");
+    // Ideal for accounts of unknown size: one round proving each account
+    // with one request (2 s; the planless one refuses at once), then 10
+    // requests over 4 sessions of 2 s (three rounds). Knowing the caps
+    // beforehand it would be three rounds (6 s).
+    let ideal = Duration::from_millis(8000);
+    assert!(makespan <= ideal.mul_f64(1.05), "makespan {makespan:?} against the ideal {ideal:?}");
 }

@@ -16,6 +16,19 @@
 //! back to the level that was refused: a hard cap is learned once, not
 //! probed again every few requests.
 //!
+//! An upstream whose cap is unknown (none declared, learning on) starts
+//! in slow start: a window of [`INITIAL_WINDOW`] requests at once (one for
+//! a pool's account, see [`LimitConfig::prove_first`]) that grows by one
+//! with every answer that came while the window was full, but never more
+//! than a quarter (at least one) above the most requests at once the
+//! provider has been seen to accept (a request answered that took its
+//! slot as the n-th in flight proves n). A waiting crowd is let through
+//! at the pace the window grows, never all at once: an account of unknown
+//! size meets at most a quarter of its cap in refusals (one, for the
+//! small caps of coding plans), and the window grows by a quarter each
+//! round trip. The first refusal ends slow start and sets the limit to
+//! what was accepted, as above.
+//!
 //! With a `slot_release_delay`, a refusal that meets a slot a delayed
 //! release has just handed over says the provider still counted that
 //! session: the release came early, not that the cap is lower. Such a
@@ -154,6 +167,9 @@ pub struct Limiter {
     /// toss lost is a refusal. Grows by [`margin_step`], up to
     /// [`margin_cap`]; never shrinks (a delay a little long costs little).
     margin_us: std::sync::atomic::AtomicU64,
+    /// Slow start while the cap is unknown and no refusal has taught it
+    /// (`None`: a declared cap, learning off, or learned).
+    window: Mutex<Option<SlowStart>>,
     /// An answer came back (see [`LimitConfig::prove_first`]).
     proven: std::sync::atomic::AtomicBool,
     queue: Mutex<Queue>,
@@ -201,6 +217,9 @@ pub struct Permit {
     /// What the provider said of its attempt (see
     /// [`Permit::refused_for_concurrency`]).
     refusal: Refusal,
+    /// Slots taken here when this one was, itself included: what its
+    /// answer proves the provider accepts at once (see slow start).
+    level: u32,
 }
 
 /// A permit's attempt and the provider's concurrency limit.
@@ -241,6 +260,12 @@ impl Permit {
 }
 
 impl Permit {
+    /// Slots taken when this one was, itself included: the concurrency
+    /// its success proves.
+    pub fn level(&self) -> u32 {
+        self.level
+    }
+
     /// Its attempt was refused with "concurrency limit", as this permit
     /// still holds its slot. The local limit is lowered now, to the other
     /// slots held (every request the provider had accepted when it
@@ -300,6 +325,22 @@ impl Drop for Permit {
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
+
+/// Slow start's state (see the module docs).
+#[derive(Debug, Clone, Copy)]
+struct SlowStart {
+    /// Requests let in at once.
+    window: f64,
+    /// The most requests at once the provider is known to have accepted.
+    proven: u32,
+}
+
+/// Slow start's first window for an upstream of unknown size that is not
+/// a pool's account: a burst this large goes at once, as it always did; a
+/// larger one is let in doubling each round trip. Large enough that an
+/// upstream's first seconds are not a queue for most users, small enough
+/// that a fan-out of hundreds does not arrive at an unknown cap at once.
+pub const INITIAL_WINDOW: f64 = 32.0;
 
 /// How long a concurrency refusal is remembered: the limit does not grow
 /// back to the level that was refused before this much time without a
@@ -379,7 +420,11 @@ impl Limiter {
     fn build(config: LimitConfig, shared: Option<Shared>) -> Arc<Self> {
         let minute = Duration::from_secs(60);
         let start = f64::from(config.max_concurrent.unwrap_or(config.adaptive_max).max(1));
+        let unknown = config.max_concurrent.is_none() && config.adaptive;
+        let first = if config.prove_first { 1.0 } else { INITIAL_WINDOW };
+        let window = unknown.then(|| SlowStart { window: first.min(start), proven: 0 });
         Arc::new_cyclic(|me| Self {
+            window: Mutex::new(window),
             me: me.clone(),
             rpm: config.rpm.map(|n| Gcra::new(n, minute)),
             tpm: config.tpm.map(|n| Gcra::new(n, minute)),
@@ -422,9 +467,12 @@ impl Limiter {
                 replicas = shared.state.replicas();
             }
         }
-        let limit = ((eff.floor() as u32) / replicas).max(1);
+        let mut limit = ((eff.floor() as u32) / replicas).max(1);
         if !self.proven.load(Ordering::Acquire) {
             return 1;
+        }
+        if let Some(slow) = self.window.lock().ok().and_then(|w| *w) {
+            limit = limit.min(slow.window as u32).max(1);
         }
         match self.ceiling.load(Ordering::Acquire) {
             0 => limit,
@@ -594,6 +642,7 @@ impl Limiter {
                     unleased: false,
                     after_delayed_release: false,
                     refusal: Refusal::None,
+                    level: self.slots.taken(),
                 });
             }
             if q.fair.len() >= self.config.max_queue {
@@ -639,7 +688,11 @@ impl Limiter {
             return true;
         }
         // The shared limit is lowered when the refused attempt's permit
-        // drops (see [`Permit::refused_for_concurrency`]).
+        // drops (see [`Permit::refused_for_concurrency`]). Slow start
+        // ends: the limit is what was accepted from now on.
+        if let Ok(mut window) = self.window.lock() {
+            *window = None;
+        }
         let now = Instant::now();
         if let Ok(mut refused) = self.refused.lock() {
             let level = match *refused {
@@ -688,12 +741,16 @@ impl Limiter {
         widened.is_ok()
     }
 
-    /// A request succeeded: let the limit grow back slowly (additive).
-    pub fn on_success(&self) {
+    /// A request succeeded that took its slot as the `level`-th in flight
+    /// ([`Permit::level`]): in slow start, the window grows by one if it
+    /// was full (the answer's own slot still counted); after a refusal the
+    /// limit grows back slowly (additive).
+    pub fn on_success(&self, level: u32) {
         self.prove();
         if !self.config.adaptive {
             return;
         }
+        self.grow_window(level);
         if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up()) {
             let below = shared.limit.lock().ok().and_then(|l| *l).is_some_and(|l| l < self.cap());
             if below {
@@ -714,8 +771,34 @@ impl Limiter {
         }
     }
 
+    /// Slow start's step (see the module docs): an answer that came while
+    /// the window was full, or requests waited, widens it by one and lets
+    /// one more waiter in; one that came with room to spare says nothing
+    /// of the cap, so a quiet upstream's window does not grow into a
+    /// crowd released later at once.
+    fn grow_window(&self, level: u32) {
+        let waiting = self.queue.lock().map_or(0, |q| q.fair.len());
+        let taken = self.slots.taken();
+        let cap = self.growth_ceiling(Instant::now());
+        let grew = {
+            let Ok(mut window) = self.window.lock() else { return };
+            let Some(slow) = window.as_mut() else { return };
+            slow.proven = slow.proven.max(level);
+            let full = waiting > 0 || f64::from(taken) >= slow.window.floor();
+            let before = slow.window;
+            if full {
+                let ahead = (f64::from(slow.proven) / 4.0).floor().max(1.0);
+                slow.window = (slow.window + 1.0).min(f64::from(slow.proven) + ahead).min(cap).max(before);
+            }
+            slow.window > before
+        };
+        if grew {
+            self.dispatch();
+        }
+    }
+
     /// The account answered: it takes more than one request from now on
-    /// (the waiters get the slots at once).
+    /// (the waiters get the slots of its window).
     fn prove(&self) {
         if !self.proven.swap(true, Ordering::AcqRel) {
             self.dispatch();
@@ -821,6 +904,7 @@ impl Limiter {
                 unleased: false,
                 after_delayed_release,
                 refusal: Refusal::None,
+                level: self.slots.taken(),
             };
             if let Err(mut unsent) = waiter.tx.send(permit) {
                 // The waiter left: take the slot back without re-entering.
@@ -938,14 +1022,14 @@ mod tests {
     #[tokio::test]
     async fn adaptive_limit_decreases_then_grows_back() {
         let l = Limiter::new(LimitConfig::default());
-        assert_eq!(l.effective_limit(), u32::MAX, "no refusal yet: no limit");
+        assert_eq!(l.effective_limit(), INITIAL_WINDOW as u32, "no refusal yet: slow start's first window");
         // Refused with 8 held (this one included): 7 were accepted.
         l.on_concurrency_error(8, false);
         assert_eq!(l.effective_limit(), 7);
         l.on_concurrency_error(2, false);
         assert_eq!(l.effective_limit(), 1);
         for _ in 0..3 {
-            l.on_success();
+            l.on_success(1);
         }
         // Additive increase, slowly, and never back to the refused level 2.
         assert_eq!(l.effective_limit(), 1, "grew back to a level the provider refused");
@@ -996,6 +1080,49 @@ mod tests {
         assert_eq!((plain.effective_limit(), plain.release_margin()), (3, Duration::ZERO));
     }
 
+    #[tokio::test]
+    async fn slow_start_lets_a_crowd_in_a_little_above_what_was_proven() {
+        let l = Limiter::new(LimitConfig { prove_first: true, ..Default::default() });
+        let first = l.acquire(&Who::plain("a"), 1, far()).await.unwrap();
+        let crowd: Vec<_> = (0..40)
+            .map(|_| {
+                let l = l.clone();
+                tokio::spawn(async move { l.acquire(&Who::plain("b"), 1, far()).await })
+            })
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(l.in_flight(), 1, "unproven: one at a time");
+        // The first answer proves 1: the window grows to 2, not to the crowd.
+        l.on_success(first.level());
+        assert_eq!(l.effective_limit(), 2);
+        // Answers of requests that took their slot as the 1st or 2nd prove
+        // at most 2: the window runs ahead of that by one, never more.
+        for _ in 0..5 {
+            l.on_success(2);
+        }
+        assert_eq!(l.effective_limit(), 3, "ran ahead of what was proven by more than one");
+        // A proven 8 lets the window reach 10 (a quarter ahead), one answer at a time.
+        for _ in 0..20 {
+            l.on_success(8);
+        }
+        assert_eq!(l.effective_limit(), 10);
+        // The first refusal ends slow start: the limit is what was accepted.
+        l.on_concurrency_error(10, false);
+        assert_eq!(l.effective_limit(), 9);
+        drop(first);
+        for task in crowd {
+            task.abort();
+        }
+        // A quiet upstream's window does not grow: answers with room to spare prove nothing new.
+        let quiet = Limiter::new(LimitConfig::default());
+        for _ in 0..100 {
+            quiet.on_success(1);
+        }
+        assert_eq!(quiet.effective_limit(), INITIAL_WINDOW as u32);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_learned_cap_is_kept_then_probed_again_after_the_memory() {
         let l = Limiter::new(LimitConfig::default());
@@ -1003,12 +1130,12 @@ mod tests {
         l.on_concurrency_error(4, false);
         assert_eq!(l.effective_limit(), 3);
         for _ in 0..100 {
-            l.on_success();
+            l.on_success(1);
         }
         assert_eq!(l.effective_limit(), 3, "grew to the refused level within the memory");
         tokio::time::advance(ADAPTIVE_MEMORY).await;
         for _ in 0..4 {
-            l.on_success();
+            l.on_success(1);
         }
         assert_eq!(l.effective_limit(), 4, "after the memory the limit probes upward again");
     }

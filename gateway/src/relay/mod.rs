@@ -514,7 +514,7 @@ impl<'a> Run<'a> {
         back: Option<&translate::Back>,
     ) -> Relayed {
         let upstream = self.upstream(ti);
-        upstream.limiter.on_success();
+        upstream.limiter.on_success(permit.level());
         upstream.health.on_success();
         let index = self.targets.upstream(ti);
         if let Some(session) = &self.job.session {
