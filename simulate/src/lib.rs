@@ -30,6 +30,7 @@ use serde::Deserialize;
 use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 
+pub mod advertise;
 mod clouds;
 pub mod demo;
 pub mod turns;
@@ -237,6 +238,9 @@ pub struct SimConfig {
     /// answer's usage (`prompt_tokens_details.cached_tokens`,
     /// `cache_read_input_tokens`); off when absent.
     pub prompt_cache: Option<PromptCache>,
+    /// Rate limits advertised on every answer and enforced (see
+    /// [`advertise`]); off when absent.
+    pub advertise: Option<advertise::Advertise>,
 }
 
 /// How the simulator's prompt cache behaves (see [`SimConfig::prompt_cache`]).
@@ -356,6 +360,10 @@ pub struct SimState {
     per_model: Mutex<HashMap<String, (usize, usize)>>,
     /// Per provider key.
     per_account: Mutex<HashMap<String, AccountStats>>,
+    /// The advertised buckets' levels (see [`SimConfig::advertise`]).
+    advert_levels: Mutex<advertise::Levels>,
+    /// What the advertised limits admitted and refused.
+    advert_stats: Mutex<advertise::AdvertStats>,
     /// Requests being answered right now.
     pub in_flight: AtomicUsize,
     /// Highest `in_flight` seen.
@@ -470,6 +478,11 @@ impl SimState {
         }
     }
 
+    /// What the advertised limits admitted and refused so far.
+    pub fn advertised(&self) -> advertise::AdvertStats {
+        self.advert_stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
     /// What the account of provider key `key` saw so far.
     pub fn account(&self, key: &str) -> AccountStats {
         self.per_account.lock().map_or(AccountStats::default(), |a| a.get(key).copied().unwrap_or_default())
@@ -527,7 +540,9 @@ impl Simulator {
             )
             .route("/token", post(clouds::token))
             .route("/sim/stats", axum::routing::get(stats));
-        let app = clouds::azure_routes(app).with_state(state.clone());
+        let app = clouds::azure_routes(app)
+            .layer(axum::middleware::from_fn_with_state(state.clone(), advertise::layer))
+            .with_state(state.clone());
         let task = tokio::spawn(listen::serve(listener, app));
         Ok(Simulator { addr, state, task })
     }

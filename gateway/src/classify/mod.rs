@@ -8,6 +8,7 @@
 //! matching `fatal:` rule wins over everything, a matching `retry:` rule
 //! over the built-in class. Anything not recognised as retryable is not.
 
+pub mod advertised;
 pub mod hints;
 pub mod rules;
 pub mod summary;

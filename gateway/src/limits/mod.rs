@@ -17,7 +17,7 @@
 //! probed again every few requests.
 //!
 //! An upstream whose cap is unknown (none declared, learning on) starts
-//! in slow start: a window of [`INITIAL_WINDOW`] requests at once (one for
+//! in slow start: a window of [`INITIAL_WINDOW`] (64) requests at once (one for
 //! a pool's account, see [`LimitConfig::prove_first`]) that grows by one
 //! with every answer that came while the window was full, but never more
 //! than a quarter (at least one) above the most requests at once the
@@ -38,6 +38,7 @@
 
 pub mod fair;
 pub mod gcra;
+pub mod paced;
 pub mod slots;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -50,6 +51,7 @@ use tokio::time::Instant;
 use fair::Fair;
 pub use fair::{Priority, Who};
 use gcra::Gcra;
+use paced::{Paced, Pacer};
 use slots::{Lease, MemorySlots};
 use tokio_util::task::TaskTracker;
 
@@ -155,6 +157,9 @@ pub struct Limiter {
     tasks: TaskTracker,
     rpm: Option<Gcra>,
     tpm: Option<Gcra>,
+    /// What the provider advertises on its answers (requests, tokens):
+    /// paced to beside the configured buckets, so the smaller wins.
+    advertised: [Pacer; 2],
     effective: Mutex<f64>,
     /// The lowest level refused within [`ADAPTIVE_MEMORY`], and when.
     refused: Mutex<Option<(u32, Instant)>>,
@@ -217,6 +222,9 @@ pub struct Permit {
     /// What the provider said of its attempt (see
     /// [`Permit::refused_for_concurrency`]).
     refusal: Refusal,
+    /// Its reservations from the advertised buckets (requests, tokens),
+    /// for its answer's figures (see [`Permit::observe`]).
+    tickets: [Option<u64>; 2],
     /// Slots taken here when this one was, itself included: what its
     /// answer proves the provider accepts at once (see slow start).
     level: u32,
@@ -260,6 +268,28 @@ impl Permit {
 }
 
 impl Permit {
+    /// Applies what its answer advertised (success or refusal alike) to
+    /// the upstream's advertised buckets: the next requests are paced to
+    /// them. With shared state, to this replica's share.
+    pub fn observe(&self, advert: &crate::classify::advertised::Advert) {
+        if advert.is_empty() {
+            return;
+        }
+        let limiter = &self.limiter;
+        let share = match &limiter.shared {
+            Some(shared) if shared.state.is_up() => 1.0 / f64::from(shared.state.replicas().max(1)),
+            _ => 1.0,
+        };
+        let now = Instant::now();
+        for ((quota, pacer), ticket) in
+            [advert.requests, advert.tokens].iter().zip(&limiter.advertised).zip(self.tickets)
+        {
+            if let Some(quota) = quota {
+                pacer.observe(*quota, ticket, share, now);
+            }
+        }
+    }
+
     /// Slots taken when this one was, itself included: the concurrency
     /// its success proves.
     pub fn level(&self) -> u32 {
@@ -336,11 +366,13 @@ struct SlowStart {
 }
 
 /// Slow start's first window for an upstream of unknown size that is not
-/// a pool's account: a burst this large goes at once, as it always did; a
-/// larger one is let in doubling each round trip. Large enough that an
-/// upstream's first seconds are not a queue for most users, small enough
-/// that a fan-out of hundreds does not arrive at an unknown cap at once.
-pub const INITIAL_WINDOW: f64 = 32.0;
+/// a pool's account: a burst this large goes at once, as it always did
+/// (an agent's fan-out, a test suite's parallel requests); a larger one is
+/// let in as the window grows. Large enough that a lone upstream's first
+/// round trip is not a queue for most users, small enough that a fan-out
+/// of hundreds does not arrive at an unknown cap at once. A pool's
+/// accounts start at one (see [`LimitConfig::prove_first`]).
+pub const INITIAL_WINDOW: f64 = 64.0;
 
 /// How long a concurrency refusal is remembered: the limit does not grow
 /// back to the level that was refused before this much time without a
@@ -369,13 +401,19 @@ struct RateHold<'a> {
     tokens: u64,
     /// Per bucket (rpm, tpm): reserved, and whether in the shared store.
     reserved: [Option<bool>; 2],
+    /// The client's token estimate, as the advertised bucket took it.
+    asked: u64,
+    /// Tickets of the advertised buckets (requests, tokens).
+    tickets: [Option<u64>; 2],
 }
 
 impl RateHold<'_> {
     /// The request holds a slot now: its reservation stays (the permit
-    /// settles the tokens with the real usage).
-    fn keep(mut self) {
+    /// settles the tokens with the real usage); its advertised buckets'
+    /// tickets go to the permit.
+    fn keep(mut self) -> [Option<u64>; 2] {
         self.reserved = [None; 2];
+        std::mem::take(&mut self.tickets)
     }
 }
 
@@ -385,6 +423,11 @@ impl Drop for RateHold<'_> {
         for (reserved, (what, cost)) in self.reserved.iter().zip(costs) {
             if let Some(shared_store) = *reserved {
                 self.limiter.unreserve(what, cost, shared_store);
+            }
+        }
+        for ((ticket, pacer), cost) in self.tickets.iter().zip(&self.limiter.advertised).zip([1, self.asked]) {
+            if ticket.is_some() {
+                pacer.unreserve(cost);
             }
         }
     }
@@ -428,6 +471,7 @@ impl Limiter {
             me: me.clone(),
             rpm: config.rpm.map(|n| Gcra::new(n, minute)),
             tpm: config.tpm.map(|n| Gcra::new(n, minute)),
+            advertised: Default::default(),
             effective: Mutex::new(start),
             refused: Mutex::new(None),
             ceiling: AtomicU32::new(0),
@@ -524,9 +568,15 @@ impl Limiter {
     /// ones while the store answers) and says how long to wait for them.
     /// The reservation is returned by the [`RateHold`]'s drop unless the
     /// request goes on to hold a slot.
-    async fn rate_wait(&self, tokens: u64, now: Instant) -> (Duration, RateHold<'_>) {
+    async fn rate_wait(&self, tokens: u64, asked: u64, now: Instant) -> (Duration, RateHold<'_>) {
         let mut wait = Duration::ZERO;
-        let mut hold = RateHold { limiter: self, tokens, reserved: [None; 2] };
+        let mut hold = RateHold { limiter: self, tokens, reserved: [None; 2], asked, tickets: [None; 2] };
+        for (i, (pacer, cost)) in self.advertised.iter().zip([1, asked]).enumerate() {
+            if let Some((paced, ticket)) = pacer.reserve(cost, now) {
+                hold.tickets[i] = Some(ticket);
+                wait = wait.max(paced);
+            }
+        }
         for (i, (what, bucket, limit, cost)) in
             [(Bucket::Rpm, &self.rpm, self.config.rpm, 1), (Bucket::Tpm, &self.tpm, self.config.tpm, tokens)]
                 .into_iter()
@@ -563,6 +613,13 @@ impl Limiter {
         }
     }
 
+    /// The advertised buckets (requests, tokens) as tidegate reckons
+    /// them now, once the provider has said anything.
+    pub fn advertised(&self) -> [Option<Paced>; 2] {
+        let now = Instant::now();
+        [self.advertised[0].snapshot(now), self.advertised[1].snapshot(now)]
+    }
+
     /// Current state for the admin API and metrics.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
@@ -580,9 +637,10 @@ impl Limiter {
     /// bounded by the tpm bucket (see [`gcra::Gcra::bounded`]) before
     /// anything is reserved, here and in the shared store alike.
     pub async fn acquire(self: &Arc<Self>, who: &Who, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
+        let asked = tokens;
         let tokens = self.tpm.as_ref().map_or(0, |tpm| tpm.bounded(tokens));
         let started = Instant::now();
-        let mut permit = self.acquire_local(who, tokens, deadline, started).await?;
+        let mut permit = self.acquire_local(who, (tokens, asked), deadline, started).await?;
         // Only a counted limit has leases to share (rate buckets are
         // shared in `rate_wait`).
         let counted = self.config.max_concurrent.is_some() || self.config.adaptive;
@@ -615,11 +673,11 @@ impl Limiter {
     async fn acquire_local(
         self: &Arc<Self>,
         who: &Who,
-        tokens: u64,
+        (tokens, asked): (u64, u64),
         deadline: Instant,
         started: Instant,
     ) -> Result<Permit, Refused> {
-        let (wait, hold) = self.rate_wait(tokens, started).await;
+        let (wait, hold) = self.rate_wait(tokens, asked, started).await;
         if !wait.is_zero() {
             if started + wait >= deadline {
                 return Err(Refused::Deadline { waited: Duration::ZERO, retry_after: wait });
@@ -633,7 +691,6 @@ impl Limiter {
             if q.fair.is_empty()
                 && let Some(lease) = self.slots.try_take(self.effective_limit())
             {
-                hold.keep();
                 return Ok(Permit {
                     limiter: self.clone(),
                     lease: Some(lease),
@@ -642,6 +699,7 @@ impl Limiter {
                     unleased: false,
                     after_delayed_release: false,
                     refusal: Refusal::None,
+                    tickets: hold.keep(),
                     level: self.slots.taken(),
                 });
             }
@@ -659,7 +717,7 @@ impl Limiter {
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(mut permit)) => {
                 drop(spot);
-                hold.keep();
+                permit.tickets = hold.keep();
                 permit.tokens = tokens;
                 Ok(permit)
             }
@@ -904,6 +962,7 @@ impl Limiter {
                 unleased: false,
                 after_delayed_release,
                 refusal: Refusal::None,
+                tickets: [None; 2],
                 level: self.slots.taken(),
             };
             if let Err(mut unsent) = waiter.tx.send(permit) {

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 pub use answer::Answer;
 
-use crate::classify::{Class, Classified};
+use crate::classify::{Class, Classified, advertised};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::ids::{RouteId, TargetId, UpstreamId};
@@ -239,6 +239,9 @@ async fn attempts(job: &Job) -> Relayed {
         // A refused attempt generated nothing: its token estimate comes
         // back whole (a retried request reserves again for its next try).
         permit.settle(0);
+        if let Some((parts, _)) = &buffered {
+            permit.observe(&advertised::read(&parts.headers, jiff::Timestamp::now()));
+        }
         // What the answer says of the upstream first (a lowered limit, a
         // bench), then the slot: a request waiting for it sees the news.
         if outcome.class == Class::Capacity && outcome.concurrency {
@@ -514,6 +517,9 @@ impl<'a> Run<'a> {
         back: Option<&translate::Back>,
     ) -> Relayed {
         let upstream = self.upstream(ti);
+        if let Answer::Stream(parts, _) | Answer::Verbatim { parts, .. } = &answer {
+            permit.observe(&advertised::read(&parts.headers, jiff::Timestamp::now()));
+        }
         upstream.limiter.on_success(permit.level());
         upstream.health.on_success();
         let index = self.targets.upstream(ti);

@@ -136,6 +136,12 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
         if u.shared.is_some() {
             gw.sink.metrics.gauge(name, "shared_state_up", i64::from(u.limiter.is_shared()));
         }
+        for (kind, paced) in ["requests", "tokens"].iter().zip(u.limiter.advertised()) {
+            if let Some(p) = paced {
+                gw.sink.metrics.gauge(name, &format!("advertised_{kind}_limit"), p.limit as i64);
+                gw.sink.metrics.gauge(name, &format!("advertised_{kind}_left"), p.level);
+            }
+        }
     }
     let now = Instant::now();
     for lane in gw.lanes.iter() {
@@ -161,6 +167,10 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
         .map(|u| {
             let limits = u.limiter.snapshot();
             let health = u.health.snapshot(now);
+            let [requests, tokens] = u
+                .limiter
+                .advertised()
+                .map(|p| p.map(|p| json!({ "limit": p.limit, "left": p.level, "per_minute": p.per_minute })));
             json!({
                 "name": u.config.name,
                 "protocol": u.config.protocol.to_string(),
@@ -181,6 +191,7 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
                 "adaptive": u.config.limits.adaptive,
                 "shared": u.limiter.is_shared(),
                 "shared_replicas": u.limiter.replicas(),
+                "advertised": { "requests": requests, "tokens": tokens },
             })
         })
         .collect();

@@ -1,0 +1,198 @@
+//! Pacing to what a provider advertises (see `classify::advertised`): a
+//! model of the provider's own bucket, corrected by every answer, that
+//! spaces requests so the bucket is never found empty.
+//!
+//! The provider's bucket holds `limit` units and refills at a rate read
+//! from its own figures: `limit − remaining` units come back over `reset`.
+//! Each request reserves its cost from the model; when the model's level
+//! is below the cost the request waits for the refill, behind those
+//! already waiting (the level runs into debt, so a crowd is spread out at
+//! the refill rate, not released together when the bucket is full).
+//!
+//! An answer's figures are the truth as of its request: the level becomes
+//! `remaining` less what was reserved after that request (still in flight
+//! or waiting), no refill counted for the time since (the provider admitted
+//! the request somewhere in between: the model errs towards waiting). An
+//! answer to a request older than the last one applied is not applied.
+//! With shared state, the level and the rate are this replica's share of
+//! them (the provider's figures count every replica's requests).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::classify::advertised::Quota;
+
+/// The longest a request waits for an advertised bucket: a provider that
+/// says "nothing left for a day" is not believed past this (its refusal,
+/// if it comes, is handled as any other).
+pub const LONGEST_PACE: Duration = Duration::from_secs(60);
+
+/// One advertised bucket (requests, or tokens) of one upstream.
+#[derive(Debug, Default)]
+pub struct Pacer {
+    /// A figure was seen: until then, reserving costs an atomic load.
+    active: AtomicBool,
+    model: Mutex<Model>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Model {
+    limit: f64,
+    /// Units per second.
+    rate: f64,
+    /// Units left as of `at` (below zero: owed by requests waiting).
+    level: f64,
+    at: Option<Instant>,
+    /// Units reserved ever, as a sequence: a reservation's ticket is the
+    /// total after it.
+    reserved: u64,
+    /// The ticket of the answer last applied.
+    seen: u64,
+}
+
+/// What the admin API shows of an advertised bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Paced {
+    /// Units the bucket holds (this replica's share).
+    pub limit: u64,
+    /// Units left now, as tidegate reckons (negative: owed by waiters).
+    pub level: i64,
+    /// Units per minute it refills by.
+    pub per_minute: u64,
+}
+
+impl Model {
+    fn refill(&mut self, now: Instant) {
+        if let Some(at) = self.at {
+            let dt = now.saturating_duration_since(at).as_secs_f64();
+            self.level = (self.level + self.rate * dt).min(self.limit);
+        }
+        self.at = Some(now);
+    }
+}
+
+impl Pacer {
+    /// Reserves `cost` units: how long to wait before sending, and the
+    /// reservation's ticket for its answer ([`Pacer::observe`]). `None`
+    /// before the provider advertised anything.
+    pub fn reserve(&self, cost: u64, now: Instant) -> Option<(Duration, u64)> {
+        if !self.active.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut m = self.model.lock().ok()?;
+        m.refill(now);
+        let cost = (cost as f64).min(m.limit);
+        m.level -= cost;
+        m.reserved = m.reserved.saturating_add(cost as u64);
+        let wait = if m.level >= 0.0 || m.rate <= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64((-m.level / m.rate).min(LONGEST_PACE.as_secs_f64()))
+        };
+        Some((wait, m.reserved))
+    }
+
+    /// Gives back a reservation never sent (its request gave up waiting).
+    pub fn unreserve(&self, cost: u64) {
+        if let Ok(mut m) = self.model.lock() {
+            let cost = (cost as f64).min(m.limit);
+            m.level = (m.level + cost).min(m.limit);
+        }
+    }
+
+    /// Applies an answer's figure: `ticket` is its request's reservation
+    /// (`None`: sent before pacing began), `share` the part of the bucket
+    /// that is this replica's (1 alone).
+    pub fn observe(&self, quota: Quota, ticket: Option<u64>, share: f64, now: Instant) {
+        let Ok(mut m) = self.model.lock() else { return };
+        let ticket = ticket.unwrap_or(0);
+        if ticket < m.seen {
+            return;
+        }
+        let share = share.clamp(1e-3, 1.0);
+        let (limit, remaining) = (quota.limit as f64 * share, quota.remaining as f64 * share);
+        let used = limit - remaining;
+        let reset = quota.reset.as_secs_f64();
+        if used > 0.0 && reset > 0.0 {
+            // `remaining` is a whole number below the provider's level (by
+            // up to one) while `reset` is the provider's exact time to full:
+            // half a unit less is the middle of what the figures allow.
+            // Smoothed over answers; at least the bucket once a day, at
+            // most a thousand times a second.
+            let sample = ((used - 0.5 * share).max(0.5 * share) / reset).clamp(limit / 86_400.0, limit * 1000.0);
+            m.rate = if m.rate > 0.0 { 0.8 * m.rate + 0.2 * sample } else { sample };
+        } else if m.rate <= 0.0 {
+            // Full, or no reset said: a bucket a minute (OpenAI's rpm and
+            // tpm, Anthropic's) until a figure says otherwise.
+            m.rate = limit / 60.0;
+        }
+        m.limit = limit;
+        m.level = remaining - m.reserved.saturating_sub(ticket) as f64;
+        m.at = Some(now);
+        m.seen = ticket;
+        self.active.store(true, Ordering::Release);
+    }
+
+    /// The bucket as tidegate reckons it now, once advertised.
+    pub fn snapshot(&self, now: Instant) -> Option<Paced> {
+        if !self.active.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut m = *self.model.lock().ok()?;
+        m.refill(now);
+        Some(Paced { limit: m.limit as u64, level: m.level.floor() as i64, per_minute: (m.rate * 60.0) as u64 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota(limit: u64, remaining: u64, reset_ms: u64) -> Quota {
+        Quota { limit, remaining, reset: Duration::from_millis(reset_ms) }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crowd_is_spread_at_the_refill_rate_and_answers_correct_the_model() {
+        let p = Pacer::default();
+        let t0 = Instant::now();
+        assert!(p.reserve(1, t0).is_none(), "nothing advertised: no pacing");
+        // 10 a 5 s bucket with 4 left: 6 used (5.5, the whole number
+        // being rounded down) come back over 2.75 s: 2 a second.
+        p.observe(quota(10, 4, 2750), None, 1.0, t0);
+        let waits: Vec<Duration> = (0..8).map(|_| p.reserve(1, t0).unwrap().0).collect();
+        assert!(waits[..4].iter().all(|w| w.is_zero()), "{waits:?}");
+        assert_eq!(waits[4], Duration::from_millis(500));
+        assert_eq!(waits[7], Duration::from_millis(2000), "spread at 2 a second");
+        // The answer to the 2nd says 1 left (another client used one): the
+        // six reserved after it are owed, so the next waits for 6 units.
+        p.observe(quota(10, 1, 4250), Some(2), 1.0, t0);
+        let (wait, _) = p.reserve(1, t0).unwrap();
+        assert_eq!(wait, Duration::from_secs(3));
+        // An older answer is not applied over a newer one.
+        p.observe(quota(10, 10, 0), Some(1), 1.0, t0);
+        let snap = p.snapshot(t0).unwrap();
+        assert_eq!((snap.limit, snap.level, snap.per_minute), (10, -6, 120));
+        // Two replicas: each paces to half of what is left.
+        let shared = Pacer::default();
+        shared.observe(quota(60, 30, 29_500), None, 0.5, t0);
+        let snap = shared.snapshot(t0).unwrap();
+        assert_eq!((snap.limit, snap.level, snap.per_minute), (30, 15, 30));
+        // A wait is never longer than LONGEST_PACE, whatever the figures.
+        let dry = Pacer::default();
+        dry.observe(quota(1_000_000, 0, 86_400_000), None, 1.0, t0);
+        let (wait, _) = dry.reserve(1_000_000, t0).unwrap();
+        assert_eq!(wait, LONGEST_PACE);
+        // A reservation given back is room again.
+        let q = Pacer::default();
+        q.observe(quota(2, 1, 1000), None, 1.0, t0);
+        q.reserve(1, t0);
+        assert!(q.reserve(1, t0).unwrap().0 > Duration::ZERO);
+        q.unreserve(1);
+        q.unreserve(1);
+        assert_eq!(q.reserve(1, t0).unwrap().0, Duration::ZERO);
+    }
+}
