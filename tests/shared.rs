@@ -367,8 +367,8 @@ async fn a_wave_of_refusals_lowers_the_shared_limit_once_each() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut leases = Vec::new();
     for _ in 0..7 {
-        match state.acquire("u", 100, deadline).await {
-            SharedSlot::Leased(lease, limit) => {
+        match state.acquire("u", (100, 0), deadline).await {
+            SharedSlot::Leased(lease, limit, _) => {
                 assert_eq!(limit, 100);
                 leases.push(lease);
             }
@@ -387,7 +387,7 @@ async fn a_wave_of_refusals_lowers_the_shared_limit_once_each() {
         "lowered to the accepted ones, the refused leases given back: {lowered:?}"
     );
     // The next acquire waits: two held under a limit of two.
-    let wait = state.acquire("u", 100, Instant::now() + Duration::from_millis(300)).await;
+    let wait = state.acquire("u", (100, 0), Instant::now() + Duration::from_millis(300)).await;
     assert!(matches!(wait, SharedSlot::Deadline), "a third lease under the learned limit of 2");
 }
 

@@ -60,7 +60,17 @@ for _, w in ipairs(stale) do
   redis.call('ZREM', KEYS[2], w)
   redis.call('ZREM', KEYS[3], w)
 end
-local limit = math.floor(tonumber(redis.call('GET', KEYS[4]) or ARGV[3]))
+local stored = redis.call('GET', KEYS[4])
+local limit
+if stored then
+  limit = math.floor(tonumber(stored))
+else
+  limit = tonumber(ARGV[3])
+  local first = tonumber(ARGV[4])
+  if first > 0 then
+    limit = math.min(limit, math.floor(tonumber(redis.call('HGET', KEYS[5], 'w') or first)))
+  end
+end
 if limit < 1 then limit = 1 end
 local held = redis.call('ZCARD', KEYS[1])
 local rank = redis.call('ZRANK', KEYS[2], ARGV[1])
@@ -69,11 +79,11 @@ if held < limit and ahead < limit - held then
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
-  return {1, limit}
+  return {1, limit, held + 1}
 end
 if not rank then redis.call('ZADD', KEYS[2], now, ARGV[1]) end
 redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
-return {0, limit}
+return {0, limit, held}
 ";
 
 /// Gives lease ARGV[1] back (or leaves the waiting line) and wakes the
@@ -209,6 +219,25 @@ end
     "return tostring(limit)\n"
 );
 
+/// Slow start's step across replicas (see `limits`): KEYS window (a hash
+/// of the window `w` and the level proven `p`), leases, waiters, limit;
+/// ARGV the first window, the level the answer proved, the most the
+/// window may reach, requests waiting at the replica. Once a limit is
+/// learned (KEYS[4] set) slow start is over: returns 0.
+const SLOW_START: &str = r"
+if redis.call('EXISTS', KEYS[4]) == 1 then return '0' end
+local w = tonumber(redis.call('HGET', KEYS[1], 'w') or ARGV[1])
+local proven = math.max(tonumber(redis.call('HGET', KEYS[1], 'p') or 0), tonumber(ARGV[2]))
+local held = redis.call('ZCARD', KEYS[2])
+local waiting = redis.call('ZCARD', KEYS[3]) + tonumber(ARGV[4])
+if waiting > 0 or held >= math.floor(w) then
+  local ahead = math.max(1, math.floor(proven / 4))
+  w = math.max(w, math.min(w + 1, proven + ahead, tonumber(ARGV[3])))
+end
+redis.call('HSET', KEYS[1], 'w', tostring(w), 'p', tostring(proven))
+return tostring(w)
+";
+
 /// Grow the shared limit by 1/limit, up to ARGV cap and, while the level
 /// last refused is remembered (KEYS[2]), never up to it.
 const GROW: &str = r"
@@ -248,6 +277,7 @@ struct Scripts {
     keep_turn: Script,
     kept: Script,
     acquire: Script,
+    slow_start: Script,
     release: Script,
     renew: Script,
     gcra: Script,
@@ -266,6 +296,8 @@ struct Keys {
     waiters: String,
     waiters_exp: String,
     limit: String,
+    /// Slow start's window and proven level while no limit is learned.
+    window: String,
     /// The highest level known to be accepted after a concurrency refusal
     /// (expires with the learned limit's memory).
     ceiling: String,
@@ -286,6 +318,7 @@ impl Keys {
             waiters: key("waiters"),
             waiters_exp: key("waiters_exp"),
             limit: key("limit"),
+            window: key("window"),
             ceiling: key("ceiling"),
             released: key("released"),
             rpm: key("rpm"),
@@ -449,8 +482,9 @@ impl Drop for Spot {
 
 /// The outcome of asking the shared store for a slot.
 pub enum SharedSlot {
-    /// A lease, and the limit in force across replicas.
-    Leased(SharedLease, u32),
+    /// A lease, the limit in force across replicas, and the leases held
+    /// across replicas with it (what its success proves, see slow start).
+    Leased(SharedLease, u32, u32),
     /// The deadline came first.
     Deadline,
     /// The store is unreachable: go on with local limits.
@@ -486,6 +520,7 @@ impl SharedState {
                 keep_turn: Script::new(KEEP_TURN),
                 kept: Script::new(KEPT),
                 acquire: Script::new(ACQUIRE),
+                slow_start: Script::new(SLOW_START),
                 release: Script::new(RELEASE),
                 renew: Script::new(RENEW),
                 gcra: Script::new(GCRA),
@@ -586,7 +621,12 @@ impl SharedState {
 
     /// Waits for a slot under the shared limit of `upstream` (`cap`: its
     /// declared or adaptive maximum) until `deadline`.
-    pub async fn acquire(self: &Arc<Self>, upstream: &str, cap: u32, deadline: Instant) -> SharedSlot {
+    pub async fn acquire(
+        self: &Arc<Self>,
+        upstream: &str,
+        (cap, first_window): (u32, u32),
+        deadline: Instant,
+    ) -> SharedSlot {
         let Some(keys) = self.upstreams.get(upstream) else { return SharedSlot::Unavailable };
         let id = format!("{}-{}", self.replica, self.next.fetch_add(1, Ordering::Relaxed));
         let mut spot = Spot { state: self.clone(), keys: keys.clone(), id, armed: false };
@@ -595,8 +635,8 @@ impl SharedState {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let mut inv = self.scripts.acquire.prepare_invoke();
-            inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.limit);
-            inv.arg(&spot.id).arg(self.ttl.as_millis() as u64).arg(cap);
+            inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.limit).key(&keys.window);
+            inv.arg(&spot.id).arg(self.ttl.as_millis() as u64).arg(cap).arg(first_window);
             // From the moment the script may run, this id may be a waiter
             // or hold a lease: dropped before its answer is read (a pool's
             // request that another account served first), it must leave
@@ -605,13 +645,13 @@ impl SharedState {
             // learned meanwhile. (The release follows the script on the
             // same connection; removing an id Redis never added is a no-op.)
             spot.armed = true;
-            let Some((taken, limit_now)) = self.call::<(u8, u32)>(inv).await else {
+            let Some((taken, limit_now, level)) = self.call::<(u8, u32, u32)>(inv).await else {
                 spot.armed = false;
                 return SharedSlot::Unavailable;
             };
             if taken == 1 {
                 let renewer = tokio::spawn(renew(Arc::downgrade(self), keys.clone(), spot.id.clone(), self.ttl));
-                return SharedSlot::Leased(SharedLease { spot, renewer }, limit_now);
+                return SharedSlot::Leased(SharedLease { spot, renewer }, limit_now, level);
             }
             tokio::select! {
                 _ = notified => {}
@@ -671,6 +711,17 @@ impl SharedState {
         // drop tries again.
         spot.armed = lowered.is_none();
         lowered
+    }
+
+    /// Slow start's step for an answer that proved `level` (see
+    /// [`SLOW_START`]): the window now (`Some(0)`: a limit is learned,
+    /// slow start is over; `None`: the store did not answer).
+    pub async fn slow_start(&self, upstream: &str, first: u32, level: u32, most: u32, waiting: usize) -> Option<f64> {
+        let keys = self.upstreams.get(upstream)?;
+        let mut inv = self.scripts.slow_start.prepare_invoke();
+        inv.key(&keys.window).key(&keys.leases).key(&keys.waiters).key(&keys.limit);
+        inv.arg(first).arg(level).arg(most).arg(waiting);
+        self.call::<String>(inv).await.and_then(|s| s.parse().ok())
     }
 
     /// A success while the shared limit is below `cap`: grow it.

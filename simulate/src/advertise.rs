@@ -80,7 +80,9 @@ impl Bucket {
 /// The middleware: takes the request's costs from the buckets, refuses
 /// when either is short, and puts the figures on the answer either way.
 pub(crate) async fn layer(State(state): State<Arc<SimState>>, req: Request, next: Next) -> Response {
-    let Some(advertise) = state.config.advertise.clone() else { return next.run(req).await };
+    let Some(advertise) = state.config.advertise.clone().filter(|_| !req.uri().path().starts_with("/sim/")) else {
+        return next.run(req).await;
+    };
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     let max_tokens = serde_json::from_slice::<serde_json::Value>(&body)

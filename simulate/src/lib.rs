@@ -589,9 +589,24 @@ async fn stats(
         }
     }
     let asked = state.asked.lock().map(|a| serde_json::json!(*a)).unwrap_or_default();
+    let advertised = state.advertised();
+    let accounts: serde_json::Map<String, serde_json::Value> = state
+        .per_account
+        .lock()
+        .map(|a| {
+            a.iter()
+                .map(|(k, s)| {
+                    let v = serde_json::json!({ "requests": s.requests, "over_cap": s.over_cap, "refused": s.refused, "max_in_flight": s.max_in_flight });
+                    (k.clone(), v)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     axum::Json(serde_json::json!({
         "models": models,
         "asked": asked,
+        "accounts": accounts,
+        "advertised": { "served": advertised.served, "refused": advertised.refused },
         "completed": state.completed.load(Ordering::Relaxed),
         "cancelled": state.cancelled.load(Ordering::Relaxed),
         "rejected": state.rejected.load(Ordering::Relaxed),

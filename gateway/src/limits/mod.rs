@@ -464,8 +464,8 @@ impl Limiter {
         let minute = Duration::from_secs(60);
         let start = f64::from(config.max_concurrent.unwrap_or(config.adaptive_max).max(1));
         let unknown = config.max_concurrent.is_none() && config.adaptive;
-        let first = if config.prove_first { 1.0 } else { INITIAL_WINDOW };
-        let window = unknown.then(|| SlowStart { window: first.min(start), proven: 0 });
+        let first = if config.prove_first { 1.0 } else { INITIAL_WINDOW.min(start) };
+        let window = unknown.then_some(SlowStart { window: first, proven: 0 });
         Arc::new_cyclic(|me| Self {
             window: Mutex::new(window),
             me: me.clone(),
@@ -645,9 +645,18 @@ impl Limiter {
         // shared in `rate_wait`).
         let counted = self.config.max_concurrent.is_some() || self.config.adaptive;
         let Some(shared) = self.shared.as_ref().filter(|_| counted) else { return Ok(permit) };
-        match shared.state.acquire(&shared.upstream, self.cap() as u32, deadline).await {
-            SharedSlot::Leased(lease, limit) => {
+        // In slow start the store keeps one window for every replica
+        // until one learns the cap: what any replica's answers prove, all
+        // replicas' requests count (see `shared::SLOW_START`).
+        let slow = self.window.lock().is_ok_and(|w| w.is_some());
+        let first = if slow { self.first_window() as u32 } else { 0 };
+        match shared.state.acquire(&shared.upstream, (self.cap() as u32, first), deadline).await {
+            SharedSlot::Leased(lease, limit, level) => {
                 permit.shared = Some(lease);
+                permit.level = level;
+                if slow {
+                    self.widen_window(f64::from(limit));
+                }
                 if let Ok(mut l) = shared.limit.lock() {
                     // The script reports the whole number; keep the
                     // fraction additive increase has reached if it agrees.
@@ -809,7 +818,22 @@ impl Limiter {
             return;
         }
         self.grow_window(level);
-        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up()) {
+        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up())
+            && self.window.lock().is_ok_and(|w| w.is_some())
+        {
+            let (state, upstream, me) = (shared.state.clone(), shared.upstream.clone(), self.me.clone());
+            let (first, most) =
+                (self.first_window() as u32, self.growth_ceiling(Instant::now()).min(f64::from(u32::MAX)) as u32);
+            let waiting = self.queue.lock().map_or(0, |q| q.fair.len());
+            self.tasks.spawn(async move {
+                let window = state.slow_start(&upstream, first, level, most, waiting).await;
+                if let (Some(window), Some(me)) = (window, me.upgrade()) {
+                    me.widen_window(window);
+                }
+            });
+        }
+        let slow = self.window.lock().is_ok_and(|w| w.is_some());
+        if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up() && !slow) {
             let below = shared.limit.lock().ok().and_then(|l| *l).is_some_and(|l| l < self.cap());
             if below {
                 let (state, upstream, cap) = (shared.state.clone(), shared.upstream.clone(), self.cap() as u32);
@@ -849,6 +873,34 @@ impl Limiter {
                 slow.window = (slow.window + 1.0).min(f64::from(slow.proven) + ahead).min(cap).max(before);
             }
             slow.window > before
+        };
+        if grew {
+            self.dispatch();
+        }
+    }
+
+    /// Slow start's first window (see [`INITIAL_WINDOW`]).
+    fn first_window(&self) -> f64 {
+        if self.config.prove_first { 1.0 } else { INITIAL_WINDOW.min(self.cap()) }
+    }
+
+    /// The shared store's window reached this replica: at least that
+    /// many from now on (`0`: another replica learned the cap, slow start
+    /// is over here too).
+    fn widen_window(&self, window: f64) {
+        let grew = {
+            let Ok(mut slow) = self.window.lock() else { return };
+            match slow.as_mut() {
+                Some(_) if window <= 0.0 => {
+                    *slow = None;
+                    true
+                }
+                Some(s) if window > s.window => {
+                    s.window = window;
+                    true
+                }
+                _ => false,
+            }
         };
         if grew {
             self.dispatch();

@@ -1,0 +1,242 @@
+"""Capacity you never provoke, measured (run by bench/pacing.sh).
+
+tidegate at its defaults (plus the config shown in each case), this build
+and, with BASELINE_BIN, the build before in the same run, each against
+its own simulator.
+
+1. Advertised limits: a provider that says "60 requests and 40,000 tokens
+   a minute" in OpenAI's `x-ratelimit-*` headers on every answer (a token
+   bucket, refused over with the same headers and "Please try again in
+   Xs."), 200 ms an answer. One request first (its answer teaches the
+   bucket), then a client offering 1.5x the limit (90 requests a minute
+   of about 667 tokens each: both buckets bind) for DURATION seconds (180),
+   and 0.9x. Reported: refusals the provider gave after that first answer
+   (goal 0), throughput over the offered period past the first minute
+   against the advertised 60 a minute (goal >= 95%), and at 0.9x the
+   added p99 latency over the provider's 200 ms (goal <= 50 ms).
+2. A pool burst: 3 accounts of unknown size behind one upstream (two
+   take 2 sessions at once, one has no plan), answers in 2 s, 12 requests
+   0.1 s apart. Reported: refusals per capped account (goal <= 1), the
+   planless account's requests (goal 1), the makespan against the ideal
+   for accounts that must first be proven (one round, then the 4
+   sessions: 8 s) and against the ideal of a gateway told the caps (6 s).
+   With redis-server on the machine, the same with two replicas sharing
+   Redis, the requests alternating between them (goal <= 2 per account).
+
+Ends with one line per case, readable by a script.
+"""
+
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import run  # noqa: E402
+
+DURATION = float(os.environ.get("DURATION", 180))
+BASELINE = os.environ.get("BASELINE_BIN")
+LATENCY_MS = 200
+PROMPT = "x" * 260  # with max_tokens 600: about 667 tokens a request
+BODY = json.dumps({"model": "gpt", "max_tokens": 600, "messages": [{"role": "user", "content": PROMPT}]})
+
+
+def post(port, body, timeout=300):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"content-type": "application/json"})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status, time.monotonic() - t0, time.monotonic()
+
+
+def gateway(bin_path, name, port, upstream_block, state="", model="gpt", upstream="up"):
+    cwd = os.path.join(run.TMP, name)
+    os.makedirs(cwd, exist_ok=True)
+    cfg = os.path.join(cwd, "tidegate.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"listen: 127.0.0.1:{port}\njournal: \"off\"\n{state}upstreams:\n{upstream_block}"
+                f"models:\n  {model}: {{ targets: [{{ upstream: {upstream} }}] }}\n")
+    return run.start([bin_path, "serve", "--config", cfg], 0, log=f"{name}.log")
+
+
+def simulator(port, config, name):
+    path = run.write(f"{name}-sim.yaml", config)
+    return run.start([run.BIN, "simulate", "--listen", f"127.0.0.1:{port}", "--config", path], 1, log=f"{name}-sim.log")
+
+
+def offered(port, per_minute, duration, drain):
+    """One request, then (`drain`) the bucket emptied, then `per_minute`
+    for `duration` s; (status, latency, done at) each, and the start."""
+    first = post(port, BODY)
+    if drain:
+        burst = [threading.Thread(target=post, args=(port, BODY)) for _ in range(drain)]
+        for t in burst:
+            t.start()
+        for t in burst:
+            t.join()
+    results, threads = [], []
+    lock = threading.Lock()
+    start = time.monotonic()
+    n = int(duration * per_minute / 60)
+
+    def one():
+        r = post(port, BODY)
+        with lock:
+            results.append(r)
+
+    for i in range(n):
+        delay = start + i * 60 / per_minute - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        t = threading.Thread(target=one)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    return first, results, start
+
+
+def advertised_case(label, bin_path, base_port, factor):
+    sim_port, gw_port = base_port, base_port + 1
+    sim = simulator(sim_port, (
+        f"default: {{ latency_ms: {LATENCY_MS} }}\n"
+        "advertise:\n  shape: openai\n"
+        "  requests: { limit: 60, per_ms: 60000 }\n"
+        "  tokens: { limit: 40000, per_ms: 60000 }\n"), f"adv-{label}-{factor}")
+    gw = gateway(bin_path, f"adv-{label}-{factor}", gw_port,
+                 f'  - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{sim_port}/v1" }}\n')
+    try:
+        run.wait_port(sim_port)
+        run.wait_port(gw_port)
+        # Over the limit, the bucket's first minute is emptied first (its
+        # burst is no measure of pacing); under it, the bucket stays full.
+        first, results, start = offered(gw_port, 90 * factor / 1.5, DURATION, 59 if factor > 1 else 0)
+        stats = run.sim_stats(sim_port)["advertised"]
+        ok = [r for r in results if r[0] == 200]
+        failed = len(results) - len(ok)
+        # Throughput over the offered period past its first 10 s.
+        end = start + DURATION
+        late = [r for r in ok if start + 10 <= r[2] <= end]
+        per_minute = len(late) / ((DURATION - 10) / 60)
+        lat = sorted(r[1] for r in ok)
+        p99 = lat[int(0.99 * (len(lat) - 1))] if lat else float("nan")
+        return {"refused": stats["refused"], "served": stats["served"], "failed": failed,
+                "per_minute": per_minute, "p99_added_ms": (p99 - LATENCY_MS / 1000) * 1000,
+                "first": first[0], "offered": len(results)}
+    finally:
+        run.stop([gw, sim])
+
+
+POOL_SIM = (
+    "default: { latency_ms: 2000 }\n"
+    "accounts:\n"
+    "  key-a: { max_in_flight: 2 }\n"
+    "  key-b: { max_in_flight: 2 }\n"
+    "  key-c: { refuse: { status: 400, body: '{\"error_code\":\"TM.00001005\",\"error_msg\":\"no active plan\"}' } }\n"
+)
+
+
+def pool_block(sim_port):
+    return (f'  - name: glm\n    protocol: openai\n    base_url: "http://127.0.0.1:{sim_port}/v1"\n'
+            "    retry: [{ on_body_contains: [TM.00001005], class: entitlement }]\n"
+            "    accounts:\n      - { name: a, api_key: key-a }\n      - { name: b, api_key: key-b }\n"
+            "      - { name: c, api_key: key-c }\n")
+
+
+def pool_case(label, bin_path, base_port, replicas=1, redis_port=None):
+    sim_port = base_port
+    gw_ports = [base_port + 1 + i for i in range(replicas)]
+    sim = simulator(sim_port, POOL_SIM, f"pool-{label}-{replicas}")
+    state = f"state: redis://127.0.0.1:{redis_port}/0\n" if redis_port else ""
+    gws = [gateway(bin_path, f"pool-{label}-{replicas}-{i}", p, pool_block(sim_port), state, "coder", "glm")
+           for i, p in enumerate(gw_ports)]
+    try:
+        run.wait_port(sim_port)
+        for p in gw_ports:
+            run.wait_port(p)
+        body = json.dumps({"model": "coder", "messages": [{"role": "user", "content": "hi"}]})
+        results, threads, lock = [], [], threading.Lock()
+        start = time.monotonic()
+
+        def one(port):
+            r = post(port, body)
+            with lock:
+                results.append(r)
+
+        for i in range(12):
+            delay = start + i * 0.1 - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            t = threading.Thread(target=one, args=(gw_ports[i % replicas],))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        makespan = max(r[2] for r in results) - start
+        acc = run.sim_stats(sim_port)["accounts"]
+        return {"ok": sum(1 for r in results if r[0] == 200), "a": acc.get("key-a", {}).get("over_cap", 0),
+                "b": acc.get("key-b", {}).get("over_cap", 0), "planless": acc.get("key-c", {}).get("requests", 0),
+                "makespan": makespan}
+    finally:
+        run.stop(gws + [sim])
+
+
+def main():
+    builds = [("this build", run.BIN)] + ([("build before", os.path.abspath(BASELINE))] if BASELINE else [])
+    lines = []
+    print(f"# pacing bench ({DURATION:.0f} s a case; logs in {run.TMP})", flush=True)
+    only = os.environ.get("ONLY", "advertised,pool")
+    for factor in (1.5, 0.9) if "advertised" in only else ():
+        out = {}
+        threads = [threading.Thread(target=lambda l=label, b=b, i=i: out.__setitem__(l, advertised_case(
+            l.replace(" ", "-"), b, 19600 + 10 * i, factor))) for i, (label, b) in enumerate(builds)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(f"\n## advertised 60 rpm / 40k tpm, offered {factor}x ({out[builds[0][0]]['offered']} requests"
+              f"{' after the bucket was emptied' if factor > 1 else ''})\n")
+        print("| | refused after the first answer | served | failed | per minute past the first | added p99, ms |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for label, _ in builds:
+            r = out[label]
+            print(f"| {label} | {r['refused']} | {r['served']} | {r['failed']} | {r['per_minute']:.1f} "
+                  f"({r['per_minute'] / 60:.0%}) | {r['p99_added_ms']:.0f} |")
+            lines.append(f"pacing advertised {factor}x {label.replace(' ', '-')}: refused {r['refused']}, "
+                         f"throughput {r['per_minute'] / 60:.1%}, added-p99 {r['p99_added_ms']:.0f} ms, failed {r['failed']}")
+    print("\n## pool burst: 12 requests 0.1 s apart, accounts of unknown cap 2, 2, none\n")
+    print("| | replicas | ok | refused by a | refused by b | planless asked | makespan | x proven ideal (8 s) | x known-cap ideal (6 s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    redis = None
+    cases = [(label, b, 1, None) for label, b in builds] if "pool" in only else []
+    if cases and shutil.which("redis-server"):
+        redis_port = 19690
+        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run.wait_port(redis_port)
+        cases += [(label, b, 2, redis_port) for label, b in builds]
+    try:
+        for i, (label, b, replicas, redis_port) in enumerate(cases):
+            if redis_port:
+                subprocess.run(["redis-cli", "-p", str(redis_port), "flushall"], stdout=subprocess.DEVNULL)
+            r = pool_case(label.replace(" ", "-"), b, 19700 + 10 * i, replicas, redis_port)
+            print(f"| {label} | {replicas} | {r['ok']}/12 | {r['a']} | {r['b']} | {r['planless']} | "
+                  f"{r['makespan']:.2f} s | {r['makespan'] / 8:.2f} | {r['makespan'] / 6:.2f} |", flush=True)
+            lines.append(f"pacing pool {replicas}-replica {label.replace(' ', '-')}: refusals a {r['a']} b {r['b']}, "
+                         f"planless {r['planless']}, makespan {r['makespan'] / 8:.2f}x proven ideal, ok {r['ok']}/12")
+    finally:
+        if redis:
+            redis.terminate()
+    print()
+    for line in lines:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
