@@ -3,6 +3,11 @@
 //! "try again in" hint — so that pacing to advertised limits can be
 //! tested and measured (see [`Advertise`]).
 //!
+//! An account (by provider key) may also have a subscription's windows
+//! ([`Windows`]): a share of its 5-hour and weekly use, grown by each
+//! request, reported in Anthropic's `anthropic-ratelimit-unified-*` or
+//! Codex's `x-codex-*` headers, and refused over until the window resets.
+//!
 //! Each limit is a token bucket: `limit` units, refilled continuously so
 //! that an empty bucket is full again after `per_ms`. A request costs one
 //! request and `max_tokens` (1,024 when absent) plus a token per 4 bytes
@@ -55,6 +60,50 @@ pub struct Bucket {
     pub per_ms: u64,
 }
 
+/// A subscription's windows for one account.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Windows {
+    /// Whose header names and formats.
+    pub shape: WindowShape,
+    /// The 5-hour window.
+    pub short: Window,
+    /// The weekly window.
+    pub long: Window,
+}
+
+/// Whose window headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowShape {
+    /// `anthropic-ratelimit-unified-{5h,7d}-{utilization,reset,status}`.
+    Anthropic,
+    /// `x-codex-{primary,secondary}-{used-percent,window-minutes,reset-at}`.
+    Codex,
+}
+
+/// One window.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Window {
+    /// Share used when the simulator starts (0 to 1).
+    #[serde(default)]
+    pub used: f64,
+    /// Seconds from the start until it resets (then it is empty again
+    /// and resets a window's length later).
+    pub resets_in_s: u64,
+    /// Share each served request uses.
+    pub per_request: f64,
+}
+
+/// An account's windows as they stand: share used and reset (Unix s).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WindowLevels {
+    used: [f64; 2],
+    reset_at: [i64; 2],
+    started: bool,
+}
+
 /// The buckets' levels (requests, tokens) and when they were last filled.
 #[derive(Debug, Default)]
 pub(crate) struct Levels {
@@ -77,10 +126,108 @@ impl Bucket {
     }
 }
 
-/// The middleware: takes the request's costs from the buckets, refuses
-/// when either is short, and puts the figures on the answer either way.
+/// The middleware: an account's windows first, then the advertised
+/// buckets.
 pub(crate) async fn layer(State(state): State<Arc<SimState>>, req: Request, next: Next) -> Response {
-    let Some(advertise) = state.config.advertise.clone().filter(|_| !req.uri().path().starts_with("/sim/")) else {
+    if req.uri().path().starts_with("/sim/") {
+        return next.run(req).await;
+    }
+    let key = crate::provider_key(req.headers());
+    let windows = key.as_ref().and_then(|k| Some((k.clone(), state.config.accounts.get(k)?.windows.clone()?)));
+    let Some((key, windows)) = windows else { return buckets(state, req, next).await };
+    let now = jiff::Timestamp::now().as_second();
+    let (levels, refused) = {
+        let Ok(mut all) = state.window_levels.lock() else { return buckets(state.clone(), req, next).await };
+        let levels = all.entry(key.clone()).or_default();
+        if !levels.started {
+            *levels = WindowLevels {
+                used: [windows.short.used, windows.long.used],
+                reset_at: [now + windows.short.resets_in_s as i64, now + windows.long.resets_in_s as i64],
+                started: true,
+            };
+        }
+        for (i, span) in [5 * 3600, 7 * 24 * 3600].into_iter().enumerate() {
+            if now >= levels.reset_at[i] {
+                levels.used[i] = 0.0;
+                levels.reset_at[i] = now + span;
+            }
+        }
+        let refused = levels.used.iter().any(|u| *u >= 1.0);
+        if !refused {
+            levels.used[0] = (levels.used[0] + windows.short.per_request).min(1.0);
+            levels.used[1] = (levels.used[1] + windows.long.per_request).min(1.0);
+        }
+        (*levels, refused)
+    };
+    if let Ok(mut accounts) = state.per_account.lock() {
+        let stats = accounts.entry(key).or_default();
+        if refused {
+            stats.window_refused += 1;
+        } else {
+            stats.window_served += 1;
+        }
+    }
+    let mut answer =
+        if refused { window_refusal(windows.shape, &levels, now) } else { buckets(state, req, next).await };
+    put_windows(answer.headers_mut(), windows.shape, &levels);
+    answer
+}
+
+/// The 429 of a used-up window.
+fn window_refusal(shape: WindowShape, levels: &WindowLevels, now: i64) -> Response {
+    let reset =
+        levels.used.iter().zip(levels.reset_at).filter(|(u, _)| **u >= 1.0).map(|(_, r)| r).max().unwrap_or(now);
+    let body = match shape {
+        WindowShape::Anthropic => format!(
+            r#"{{"type":"error","error":{{"type":"rate_limit_error","message":"This request would exceed your account's rate limit. Your limit resets at {reset}."}}}}"#
+        ),
+        WindowShape::Codex => format!(
+            r#"{{"error":{{"type":"usage_limit_reached","message":"The usage limit has been reached","resets_at":{reset}}}}}"#
+        ),
+    };
+    let mut answer = Response::new(Body::from(body));
+    *answer.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    answer.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    answer
+}
+
+/// An account's windows as headers, in its shape.
+fn put_windows(headers: &mut HeaderMap, shape: WindowShape, levels: &WindowLevels) {
+    let mut put = |name: String, value: String| {
+        if let (Ok(name), Ok(value)) = (http::HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(&value)) {
+            headers.insert(name, value);
+        }
+    };
+    for (i, (anthropic, codex, minutes)) in
+        [("5h", "primary", 300), ("7d", "secondary", 10_080)].into_iter().enumerate()
+    {
+        let (used, reset) = (levels.used[i], levels.reset_at[i]);
+        match shape {
+            WindowShape::Anthropic => {
+                put(format!("anthropic-ratelimit-unified-{anthropic}-utilization"), format!("{used:.4}"));
+                put(format!("anthropic-ratelimit-unified-{anthropic}-reset"), reset.to_string());
+                let status = if used >= 1.0 {
+                    "rejected"
+                } else if used >= 0.9 {
+                    "allowed_warning"
+                } else {
+                    "allowed"
+                };
+                put(format!("anthropic-ratelimit-unified-{anthropic}-status"), status.to_string());
+            }
+            WindowShape::Codex => {
+                put(format!("x-codex-{codex}-used-percent"), format!("{:.2}", used * 100.0));
+                put(format!("x-codex-{codex}-window-minutes"), minutes.to_string());
+                put(format!("x-codex-{codex}-reset-at"), reset.to_string());
+            }
+        }
+    }
+}
+
+/// The advertised buckets: takes the request's costs, refuses when either
+/// is short, and puts the figures on the answer either way.
+async fn buckets(state: Arc<SimState>, req: Request, next: Next) -> Response {
+    let Some(advertise) = state.config.advertise.clone() else {
         return next.run(req).await;
     };
     let (parts, body) = req.into_parts();

@@ -264,6 +264,9 @@ pub struct AccountBehavior {
     /// Every request of this account is refused so (no plan, a wrong key,
     /// a session limit hours away).
     pub refuse: Option<Fault>,
+    /// A subscription's 5-hour and weekly windows, reported on every
+    /// answer and refused over (see [`advertise::Windows`]).
+    pub windows: Option<advertise::Windows>,
 }
 
 /// What one account saw (see [`SimState::account`]).
@@ -279,6 +282,10 @@ pub struct AccountStats {
     pub in_flight: usize,
     /// The most in flight at once, refused ones not counted.
     pub max_in_flight: usize,
+    /// Requests that arrived with its key and were served (windows on).
+    pub window_served: usize,
+    /// Requests refused for a used-up window.
+    pub window_refused: usize,
 }
 
 /// Named fault scenarios (`tidegate simulate --scenario NAME`, the demo,
@@ -364,6 +371,8 @@ pub struct SimState {
     advert_levels: Mutex<advertise::Levels>,
     /// What the advertised limits admitted and refused.
     advert_stats: Mutex<advertise::AdvertStats>,
+    /// Per provider key: its windows' shares used and when they reset.
+    window_levels: Mutex<HashMap<String, advertise::WindowLevels>>,
     /// Requests being answered right now.
     pub in_flight: AtomicUsize,
     /// Highest `in_flight` seen.
@@ -596,7 +605,7 @@ async fn stats(
         .map(|a| {
             a.iter()
                 .map(|(k, s)| {
-                    let v = serde_json::json!({ "requests": s.requests, "over_cap": s.over_cap, "refused": s.refused, "max_in_flight": s.max_in_flight });
+                    let v = serde_json::json!({ "requests": s.requests, "over_cap": s.over_cap, "refused": s.refused, "max_in_flight": s.max_in_flight, "window_served": s.window_served, "window_refused": s.window_refused });
                     (k.clone(), v)
                 })
                 .collect()
@@ -752,7 +761,7 @@ pub(crate) async fn serve_gemini(state: Arc<SimState>, path: &str, flight: Fligh
 
 /// The provider key a request carries: a bearer token, `x-api-key` or
 /// `x-goog-api-key`.
-fn provider_key(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn provider_key(headers: &HeaderMap) -> Option<String> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     header("authorization")
         .and_then(|v| v.strip_prefix("Bearer "))

@@ -9,7 +9,17 @@
 //!   the reset as an RFC 3339 time; documented at
 //!   <https://docs.anthropic.com/en/api/rate-limits#response-headers>.
 //!
-//! Both describe a token bucket: `limit` units, `remaining` now, refilled
+//! - Subscription windows (a coding plan's 5-hour and weekly use), as the
+//!   clients that hold such plans read them: Anthropic's
+//!   `anthropic-ratelimit-unified-{5h,7d}-{utilization,reset,status}`
+//!   (a fraction, Unix seconds, `allowed`/`allowed_warning`/`rejected`;
+//!   read by Claude Code and the tools around it) and Codex's
+//!   `x-codex-{primary,secondary}-{used-percent,window-minutes,reset-at}`
+//!   (a percentage, minutes, Unix seconds; older answers say
+//!   `reset-after-seconds`), as `codex-rs/codex-api/src/rate_limits.rs`
+//!   in openai/codex parses them.
+//!
+//! Both rate limits describe a token bucket: `limit` units, `remaining` now, refilled
 //! continuously so that it is full again after `reset`. Values that are
 //! not numbers, a remaining above the limit (clamped) or a limit of zero
 //! are ignored; a reset is at most [`super::hints::LONGEST_HINT`], and the
@@ -42,12 +52,35 @@ pub struct Advert {
     /// Tokens (Anthropic's input tokens where it sends no combined
     /// figure: output tokens are not known before a request is sent).
     pub tokens: Option<Quota>,
+    /// A subscription's windows: the short one (5 hours) and the long
+    /// one (a week).
+    pub windows: [Option<Window>; 2],
+}
+
+/// One subscription window as an answer reported it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    /// Share used, 0 to 1 (a value above 1 is read as 1).
+    pub used: f64,
+    /// Time until it resets.
+    pub resets_in: Option<Duration>,
+    /// Its length, when said (Codex), else the usual one for its name.
+    pub span: Option<Duration>,
+    /// The provider says requests are refused until it resets.
+    pub rejected: bool,
+}
+
+impl Window {
+    /// Used up: nothing more is served before its reset.
+    pub fn exhausted(&self) -> bool {
+        self.rejected || self.used >= 1.0
+    }
 }
 
 impl Advert {
     /// Nothing advertised (most answers of most providers).
     pub fn is_empty(&self) -> bool {
-        self.requests.is_none() && self.tokens.is_none()
+        self.requests.is_none() && self.tokens.is_none() && self.windows.iter().all(Option::is_none)
     }
 }
 
@@ -70,12 +103,74 @@ impl Parts {
     }
 }
 
+#[derive(Default)]
+struct WindowParts {
+    used: Option<f64>,
+    reset_at: Option<f64>,
+    reset_after: Option<f64>,
+    minutes: Option<f64>,
+    rejected: bool,
+}
+
+impl WindowParts {
+    fn window(&self, now: Timestamp, usual: Duration) -> Option<Window> {
+        let used = self.used.filter(|u| u.is_finite() && *u >= 0.0)?.min(1.0);
+        let until = |secs: f64| {
+            (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(LONGEST_HINT.as_secs_f64())))
+        };
+        let now_secs = now.as_millisecond() as f64 / 1000.0;
+        let resets_in =
+            self.reset_at.and_then(|at| until((at - now_secs).max(0.0))).or_else(|| self.reset_after.and_then(until));
+        let span = self.minutes.and_then(|m| until(m * 60.0)).filter(|s| !s.is_zero()).or(Some(usual));
+        Some(Window { used, resets_in, span, rejected: self.rejected })
+    }
+}
+
+/// The usual lengths of the short and the long window.
+const SPANS: [Duration; 2] = [Duration::from_secs(5 * 3600), Duration::from_secs(7 * 24 * 3600)];
+
 /// Reads an answer's advertised limits in one pass over its headers (an
 /// answer without any costs a prefix comparison a header).
 pub fn read(headers: &HeaderMap, now: Timestamp) -> Advert {
     let (mut requests, mut tokens, mut input) = (Parts::default(), Parts::default(), Parts::default());
+    let mut windows = [WindowParts::default(), WindowParts::default()];
     for (name, value) in headers {
         let name = name.as_str();
+        if let Some(rest) = name.strip_prefix("anthropic-ratelimit-unified-") {
+            let Some((which, field)) = rest.split_once('-') else { continue };
+            let w = match which {
+                "5h" => &mut windows[0],
+                "7d" => &mut windows[1],
+                _ => continue,
+            };
+            let Ok(value) = value.to_str() else { continue };
+            let value = value.trim();
+            match field {
+                "utilization" => w.used = value.parse().ok(),
+                "reset" => w.reset_at = value.parse().ok(),
+                "status" => w.rejected = value == "rejected",
+                _ => {}
+            }
+            continue;
+        }
+        if let Some(rest) = name.strip_prefix("x-codex-") {
+            let Some((which, field)) = rest.split_once('-') else { continue };
+            let w = match which {
+                "primary" => &mut windows[0],
+                "secondary" => &mut windows[1],
+                _ => continue,
+            };
+            let Ok(value) = value.to_str() else { continue };
+            let value: Option<f64> = value.trim().parse().ok();
+            match field {
+                "used-percent" => w.used = value.map(|p| p / 100.0),
+                "reset-at" => w.reset_at = value,
+                "reset-after-seconds" => w.reset_after = value,
+                "window-minutes" => w.minutes = value,
+                _ => {}
+            }
+            continue;
+        }
         let (kind, field, anthropic) = if let Some(rest) = name.strip_prefix("x-ratelimit-") {
             let Some((field, kind)) = rest.split_once('-') else { continue };
             (kind, field, false)
@@ -101,7 +196,11 @@ pub fn read(headers: &HeaderMap, now: Timestamp) -> Advert {
             _ => {}
         }
     }
-    Advert { requests: requests.quota(), tokens: tokens.quota().or_else(|| input.quota()) }
+    Advert {
+        requests: requests.quota(),
+        tokens: tokens.quota().or_else(|| input.quota()),
+        windows: [windows[0].window(now, SPANS[0]), windows[1].window(now, SPANS[1])],
+    }
 }
 
 /// An RFC 3339 reset time as the time left until it (zero if past).
@@ -176,5 +275,56 @@ mod tests {
         );
         assert_eq!(far.requests.map(|q| q.reset), Some(LONGEST_HINT));
         assert!(read(&headers(&[("content-type", "application/json")]), now).is_empty());
+    }
+
+    #[test]
+    fn subscription_windows_of_claude_and_codex_plans_are_read() {
+        let now: Timestamp = "2026-12-07T12:00:00Z".parse().unwrap();
+        let at = |secs: i64| (now.as_second() + secs).to_string();
+        let claude = read(
+            &headers(&[
+                ("anthropic-ratelimit-unified-5h-utilization", "0.8"),
+                ("anthropic-ratelimit-unified-5h-reset", &at(600)),
+                ("anthropic-ratelimit-unified-5h-status", "allowed_warning"),
+                ("anthropic-ratelimit-unified-7d-utilization", "1.0"),
+                ("anthropic-ratelimit-unified-7d-reset", &at(86_400)),
+                ("anthropic-ratelimit-unified-7d-status", "rejected"),
+            ]),
+            now,
+        );
+        let [short, long] = claude.windows;
+        let short = short.unwrap();
+        assert_eq!((short.used, short.resets_in, short.exhausted()), (0.8, Some(Duration::from_secs(600)), false));
+        assert_eq!(short.span, Some(Duration::from_secs(5 * 3600)));
+        assert!(long.unwrap().exhausted());
+        let codex = read(
+            &headers(&[
+                ("x-codex-primary-used-percent", "42.5"),
+                ("x-codex-primary-window-minutes", "300"),
+                ("x-codex-primary-reset-at", &at(3600)),
+                ("x-codex-secondary-used-percent", "9"),
+                ("x-codex-secondary-window-minutes", "10080"),
+                ("x-codex-secondary-reset-after-seconds", "7200"),
+            ]),
+            now,
+        );
+        let [primary, secondary] = codex.windows;
+        assert_eq!(primary.unwrap().used, 0.425);
+        assert_eq!(primary.unwrap().resets_in, Some(Duration::from_secs(3600)));
+        assert_eq!(secondary.unwrap().resets_in, Some(Duration::from_secs(7200)));
+        assert_eq!(secondary.unwrap().span, Some(Duration::from_secs(10_080 * 60)));
+        // Odd values: not numbers, negative, past resets, absurd spans.
+        let odd = read(
+            &headers(&[
+                ("x-codex-primary-used-percent", "many"),
+                ("anthropic-ratelimit-unified-5h-utilization", "-1"),
+                ("anthropic-ratelimit-unified-7d-utilization", "7"),
+                ("anthropic-ratelimit-unified-7d-reset", "1"),
+            ]),
+            now,
+        );
+        assert_eq!(odd.windows[0], None);
+        let long = odd.windows[1].unwrap();
+        assert_eq!((long.used, long.resets_in), (1.0, Some(Duration::ZERO)));
     }
 }

@@ -177,6 +177,22 @@ pub struct PoolMember {
     pub pool: String,
     /// The account's name.
     pub account: String,
+    /// How the pool chooses between accounts with room.
+    pub pick: PoolPick,
+    /// Past this share of its longest window (0 to 1), an account serves
+    /// interactive requests only.
+    pub reserve: Option<f64>,
+}
+
+/// How a pool chooses between accounts with room (`pick:`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PoolPick {
+    /// The account with the most free slots.
+    #[default]
+    MostRoom,
+    /// The account whose subscription window resets soonest (accounts
+    /// that report none after those that do), then the most room.
+    ResetFirst,
 }
 
 impl UpstreamConfig {

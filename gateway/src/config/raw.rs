@@ -396,6 +396,15 @@ pub struct RawUpstream {
     /// limits and health (a pool); requests go to the one with room.
     #[serde(default)]
     pub accounts: Vec<RawAccount>,
+    /// A pool's choice between accounts with room: `most-room` (the
+    /// default) or `reset-first` (the one whose subscription window resets
+    /// soonest, so capacity that would expire is used first).
+    #[serde(default)]
+    pub pick: Option<String>,
+    /// A pool's reserve: an account past this share of its longest
+    /// subscription window (`90%`) serves interactive requests only.
+    #[serde(default)]
+    pub reserve: Option<String>,
 }
 
 /// One account of a pooled upstream: its credential and its own limits;

@@ -10,7 +10,9 @@ use indexmap::IndexMap;
 use super::fields::duration;
 use super::lanes::{self, LaneConfig};
 use super::raw::{RawAccount, RawConfig, RawRule, RawSize, RawUpstream};
-use super::{ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, PoolMember, Secret, Strategy, Target, UpstreamConfig};
+use super::{
+    ClientKey, Config, DEFAULT_MAX_BODY, ModelRoute, PoolMember, PoolPick, Secret, Strategy, Target, UpstreamConfig,
+};
 use crate::anomaly::AnomalyConfig;
 use crate::classify::{Class, Rule, Rules};
 use crate::health::BreakerConfig;
@@ -83,6 +85,10 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
                 .push(format!("upstreams[{i}].name: {:?} must not start with client: (client lanes' names)", u.name));
         }
         if u.accounts.is_empty() {
+            if u.pick.is_some() || u.reserve.is_some() {
+                problems
+                    .push(format!("upstreams[{i}]: pick and reserve choose between a pool's accounts: add accounts:"));
+            }
             expected += 1;
             if let Some(up) = upstream(i, u, lookup, problems) {
                 upstreams.push(up);
@@ -90,6 +96,7 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
             continue;
         }
         // A pool: one upstream per account, named `upstream/account`.
+        let (pick, reserve) = pool_policy(i, u, problems);
         let mut accounts = HashSet::new();
         for (j, a) in u.accounts.iter().enumerate() {
             let at = format!("upstreams[{i}].accounts[{j}].name");
@@ -107,7 +114,7 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
             }
             expected += 1;
             if let Some(mut up) = upstream(i, &member, lookup, problems) {
-                up.pool = Some(PoolMember { pool: u.name.clone(), account: a.name.clone() });
+                up.pool = Some(PoolMember { pool: u.name.clone(), account: a.name.clone(), pick, reserve });
                 up.limits.prove_first = true;
                 upstreams.push(up);
             }
@@ -257,6 +264,27 @@ fn client_keys(raw: &RawConfig, problems: &mut Vec<String>) -> Vec<ClientKey> {
         keys.push(ClientKey { name: k.name.clone(), key: Secret::new(k.key.clone()), lane: LaneConfig::default() });
     }
     keys
+}
+
+/// A pool's `pick:` and `reserve:` (see [`PoolMember`]).
+fn pool_policy(i: usize, u: &RawUpstream, problems: &mut Vec<String>) -> (PoolPick, Option<f64>) {
+    let pick = match u.pick.as_deref() {
+        None | Some("most-room") => PoolPick::MostRoom,
+        Some("reset-first") => PoolPick::ResetFirst,
+        Some(other) => {
+            problems.push(format!("upstreams[{i}].pick: {other:?} is not most-room or reset-first"));
+            PoolPick::MostRoom
+        }
+    };
+    let reserve = u.reserve.as_deref().and_then(|r| {
+        let share = r.trim().strip_suffix('%').and_then(|p| p.trim().parse::<f64>().ok()).map(|p| p / 100.0);
+        let share = share.filter(|s| (0.0..=1.0).contains(s) && *s > 0.0);
+        if share.is_none() {
+            problems.push(format!("upstreams[{i}].reserve: {r:?} is not a share like 90%"));
+        }
+        share
+    });
+    (pick, reserve)
 }
 
 /// The upstream one account of a pool stands for: the pool's settings

@@ -40,6 +40,7 @@ pub mod fair;
 pub mod gcra;
 pub mod paced;
 pub mod slots;
+pub mod windows;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -160,6 +161,8 @@ pub struct Limiter {
     /// What the provider advertises on its answers (requests, tokens):
     /// paced to beside the configured buckets, so the smaller wins.
     advertised: [Pacer; 2],
+    /// A subscription account's windows, as its answers report them.
+    windows: windows::Windows,
     effective: Mutex<f64>,
     /// The lowest level refused within [`ADAPTIVE_MEMORY`], and when.
     refused: Mutex<Option<(u32, Instant)>>,
@@ -281,6 +284,7 @@ impl Permit {
             _ => 1.0,
         };
         let now = Instant::now();
+        limiter.windows.observe(&advert.windows, now);
         for ((quota, pacer), ticket) in
             [advert.requests, advert.tokens].iter().zip(&limiter.advertised).zip(self.tickets)
         {
@@ -472,6 +476,7 @@ impl Limiter {
             rpm: config.rpm.map(|n| Gcra::new(n, minute)),
             tpm: config.tpm.map(|n| Gcra::new(n, minute)),
             advertised: Default::default(),
+            windows: Default::default(),
             effective: Mutex::new(start),
             refused: Mutex::new(None),
             ceiling: AtomicU32::new(0),
@@ -618,6 +623,11 @@ impl Limiter {
     pub fn advertised(&self) -> [Option<Paced>; 2] {
         let now = Instant::now();
         [self.advertised[0].snapshot(now), self.advertised[1].snapshot(now)]
+    }
+
+    /// The account's subscription windows (see [`windows::Windows`]).
+    pub fn windows(&self) -> &windows::Windows {
+        &self.windows
     }
 
     /// Current state for the admin API and metrics.

@@ -25,9 +25,13 @@ use tokio::time::Instant;
 
 use crate::classify::advertised::Quota;
 
-/// The longest a request waits for an advertised bucket: a provider that
-/// says "nothing left for a day" is not believed past this (its refusal,
-/// if it comes, is handled as any other).
+/// How long figures are believed without a new answer: a request that
+/// would wait longer than this, when no answer has come for this long,
+/// goes anyway (one at a time) to hear the provider again — a provider
+/// that said "nothing left for a day" is asked again each minute, never
+/// trusted to stop traffic for the day. While answers keep coming, a wait
+/// is what the figures say (the limiter refuses at once, with the wait as
+/// `Retry-After`, a request it would keep past its deadline).
 pub const LONGEST_PACE: Duration = Duration::from_secs(60);
 
 /// One advertised bucket (requests, or tokens) of one upstream.
@@ -46,11 +50,15 @@ struct Model {
     /// Units left as of `at` (below zero: owed by requests waiting).
     level: f64,
     at: Option<Instant>,
+    /// When an answer's figures were last applied.
+    heard: Option<Instant>,
     /// Units reserved ever, as a sequence: a reservation's ticket is the
     /// total after it.
     reserved: u64,
     /// The ticket of the answer last applied.
     seen: u64,
+    /// When a request last went to hear stale figures again.
+    probed: Option<Instant>,
 }
 
 /// What the admin API shows of an advertised bucket.
@@ -87,11 +95,17 @@ impl Pacer {
         let cost = (cost as f64).min(m.limit);
         m.level -= cost;
         m.reserved = m.reserved.saturating_add(cost as u64);
-        let wait = if m.level >= 0.0 || m.rate <= 0.0 {
+        let mut wait = if m.level >= 0.0 || m.rate <= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64((-m.level / m.rate).min(LONGEST_PACE.as_secs_f64()))
+            Duration::from_secs_f64((-m.level / m.rate).min(crate::classify::hints::LONGEST_HINT.as_secs_f64()))
         };
+        let stale = m.heard.is_none_or(|h| now.saturating_duration_since(h) >= LONGEST_PACE);
+        let probe_due = m.probed.is_none_or(|p| now.saturating_duration_since(p) >= LONGEST_PACE);
+        if wait > LONGEST_PACE && stale && probe_due {
+            m.probed = Some(now);
+            wait = Duration::ZERO;
+        }
         Some((wait, m.reserved))
     }
 
@@ -132,6 +146,7 @@ impl Pacer {
         m.limit = limit;
         m.level = remaining - m.reserved.saturating_sub(ticket) as f64;
         m.at = Some(now);
+        m.heard = Some(now);
         m.seen = ticket;
         self.active.store(true, Ordering::Release);
     }
@@ -181,11 +196,15 @@ mod tests {
         shared.observe(quota(60, 30, 29_500), None, 0.5, t0);
         let snap = shared.snapshot(t0).unwrap();
         assert_eq!((snap.limit, snap.level, snap.per_minute), (30, 15, 30));
-        // A wait is never longer than LONGEST_PACE, whatever the figures.
+        // "Nothing left for a day": believed while fresh, then one request
+        // a LONGEST_PACE goes to ask again.
         let dry = Pacer::default();
         dry.observe(quota(1_000_000, 0, 86_400_000), None, 1.0, t0);
         let (wait, _) = dry.reserve(1_000_000, t0).unwrap();
-        assert_eq!(wait, LONGEST_PACE);
+        assert!(wait > Duration::from_secs(3600), "{wait:?}");
+        let later = t0 + LONGEST_PACE;
+        assert_eq!(dry.reserve(1, later).unwrap().0, Duration::ZERO, "no probe after a minute unheard");
+        assert!(dry.reserve(1, later).unwrap().0 > LONGEST_PACE, "two probes at once");
         // A reservation given back is room again.
         let q = Pacer::default();
         q.observe(quota(2, 1, 1000), None, 1.0, t0);

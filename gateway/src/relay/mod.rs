@@ -123,6 +123,25 @@ impl Relayed {
     }
 }
 
+/// An answer that says a subscription window is used up benches its
+/// account until the reset is near (probed as any bench: the reset is a
+/// projection, not a promise); a shorter wait holds it as a provider's
+/// wait does.
+fn used_up(upstream: &Upstream) {
+    let now = Instant::now();
+    let Some(left) = upstream.limiter.windows().exhausted(now) else { return };
+    let reset = jiff::SignedDuration::try_from(left).ok().and_then(|d| jiff::Timestamp::now().checked_add(d).ok());
+    let summary = format!("its subscription window is used up; it resets in {}s", left.as_secs());
+    let failure = crate::health::Failure {
+        class: Class::Capacity,
+        hint: Some(left),
+        reset,
+        summary: &summary,
+        model_scoped: false,
+    };
+    upstream.health.on_failure(&failure, now);
+}
+
 /// Tokens a request reserves from tpm buckets before its usage is known.
 fn tokens_of(job: &Job) -> u64 {
     if job.endpoint.spends_tokens() {
@@ -186,7 +205,7 @@ async fn attempts(job: &Job) -> Relayed {
     };
     let mut run = Run {
         job,
-        targets: Targets::new(&job.gw, route, job.endpoint, job.pin, job.session.as_deref()),
+        targets: Targets::new(&job.gw, route, job.endpoint, (job.pin, job.who.priority), job.session.as_deref()),
         started: Instant::now(),
         attempts: Vec::new(),
         queue_wait: Duration::ZERO,
@@ -522,6 +541,7 @@ impl<'a> Run<'a> {
         }
         upstream.limiter.on_success(permit.level());
         upstream.health.on_success();
+        used_up(upstream);
         let index = self.targets.upstream(ti);
         if let Some(session) = &self.job.session {
             // The conversation's prompt is cached here now (renewed).

@@ -10,16 +10,18 @@
 //! the upstream that stores it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::Job;
 use crate::classify::Class;
-use crate::config::{ModelRoute, Strategy};
+use crate::config::{ModelRoute, PoolPick, Strategy};
 use crate::gateway::Gateway;
 use crate::health::Availability;
 use crate::ids::{TargetId, UpstreamId};
+use crate::limits::Priority;
 use crate::protocol::{self, Endpoint};
 use crate::translate::{self, Back, Translated, Way};
 
@@ -85,6 +87,9 @@ pub struct Targets<'a> {
     /// The target picked last, counted in its upstream's load until its
     /// slot is taken ([`Targets::arrived`]); only with more than one target.
     arriving: Option<(usize, crate::limits::Arriving<'a>)>,
+    /// The request is interactive: a pool's reserve serves it (see
+    /// [`Targets::reserved`]).
+    interactive: bool,
 }
 
 impl<'a> Targets<'a> {
@@ -95,7 +100,7 @@ impl<'a> Targets<'a> {
         gw: &'a Gateway,
         route: &'a ModelRoute,
         endpoint: Endpoint,
-        pin: Option<UpstreamId>,
+        (pin, priority): (Option<UpstreamId>, Priority),
         session: Option<&crate::affinity::Session>,
     ) -> Self {
         let mut excluded = 0u64;
@@ -121,6 +126,7 @@ impl<'a> Targets<'a> {
             moving_cost: session.map_or(std::time::Duration::ZERO, |s| s.moving_cost),
             stay: false,
             arriving: None,
+            interactive: priority == Priority::Interactive,
         }
     }
 
@@ -155,6 +161,18 @@ impl<'a> Targets<'a> {
         Ok(sent)
     }
 
+    /// Target `i` is a pool's account past its `reserve:` share of its
+    /// longest window, and this request is not interactive: it waits for
+    /// the others instead.
+    fn reserved(&self, i: usize, now: Instant) -> bool {
+        if self.interactive {
+            return false;
+        }
+        let Some(u) = self.gw.upstreams.get(self.route.targets[i].upstream) else { return false };
+        let Some(reserve) = u.config.pool.as_ref().and_then(|p| p.reserve) else { return false };
+        u.limiter.windows().longest_used(now).is_some_and(|used| used >= reserve)
+    }
+
     fn is_excluded(&self, i: usize) -> bool {
         self.excluded & (1 << i) != 0
     }
@@ -176,10 +194,23 @@ impl<'a> Targets<'a> {
     }
 
     fn order(&self) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.route.targets.len()).filter(|i| !self.is_excluded(*i)).collect();
+        let now = Instant::now();
+        let mut order: Vec<usize> =
+            (0..self.route.targets.len()).filter(|i| !self.is_excluded(*i) && !self.reserved(*i, now)).collect();
         if self.route.strategy == Strategy::Failover && self.route.targets.iter().any(|t| t.group.is_some()) {
-            // In order, and within a pool the account with the most room.
-            order.sort_by_key(|&i| (self.group_start(i), std::cmp::Reverse(self.room(i))));
+            // In order, and within a pool the account with the most room
+            // (`pick: reset-first`: of those with room, the one whose
+            // window resets soonest).
+            order.sort_by_key(|&i| {
+                let room = self.room(i);
+                let first = self
+                    .gw
+                    .upstreams
+                    .get(self.route.targets[i].upstream)
+                    .filter(|u| u.config.pool.as_ref().is_some_and(|p| p.pick == PoolPick::ResetFirst))
+                    .map(|u| (room <= 0, u.limiter.windows().next_reset(now).unwrap_or(Duration::MAX)));
+                (self.group_start(i), first, std::cmp::Reverse(room))
+            });
         }
         if self.route.strategy == Strategy::Balance {
             let load = |i: usize| {
@@ -290,7 +321,7 @@ impl<'a> Targets<'a> {
         }
         let order = self.order();
         if order.is_empty() {
-            return Pick::NoneLeft;
+            return self.in_reserve(now);
         }
         let mut cooling: Option<(Instant, usize)> = None;
         let mut held: Option<(Instant, usize)> = None;
@@ -326,6 +357,23 @@ impl<'a> Targets<'a> {
         open.map_or(Pick::NoneLeft, |(until, i)| Pick::WaitUntil(until, TargetId::at(i)))
     }
 
+    /// No target left but accounts kept in reserve for interactive
+    /// requests: this one is held until the soonest of their windows
+    /// resets (given up at once, with that wait, when its deadline comes
+    /// first).
+    fn in_reserve(&self, now: Instant) -> Pick {
+        let reset = |i: usize| {
+            let u = self.gw.upstreams.get(self.route.targets[i].upstream)?;
+            let [short, long] = u.limiter.windows().view(now);
+            long.or(short)?.resets_in
+        };
+        (0..self.route.targets.len())
+            .filter(|&i| !self.is_excluded(i) && self.reserved(i, now))
+            .filter_map(|i| Some((reset(i)?, i)))
+            .min()
+            .map_or(Pick::NoneLeft, |(left, i)| Pick::HoldUntil(now + left, TargetId::at(i)))
+    }
+
     /// Another target than `current` could take an attempt right now.
     pub fn other_ready(&self, current: TargetId, now: Instant) -> bool {
         let current = current.index();
@@ -345,6 +393,7 @@ impl<'a> Targets<'a> {
             if i != at
                 && self.route.targets[i].group == Some(group)
                 && !self.is_excluded(i)
+                && !self.reserved(i, now)
                 && matches!(self.availability(i, now, false), Availability::Ready | Availability::Cooling(_))
             {
                 members.push(TargetId::at(i));

@@ -136,6 +136,13 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
         if u.shared.is_some() {
             gw.sink.metrics.gauge(name, "shared_state_up", i64::from(u.limiter.is_shared()));
         }
+        for (kind, window) in ["window_short", "window_long"].iter().zip(u.limiter.windows().view(Instant::now())) {
+            if let Some(w) = window {
+                gw.sink.metrics.gauge(name, &format!("{kind}_used_pct"), (w.used * 100.0).round() as i64);
+                let left = w.resets_in.map_or(-1, |r| r.as_secs() as i64);
+                gw.sink.metrics.gauge(name, &format!("{kind}_resets_in_s"), left);
+            }
+        }
         for (kind, paced) in ["requests", "tokens"].iter().zip(u.limiter.advertised()) {
             if let Some(p) = paced {
                 gw.sink.metrics.gauge(name, &format!("advertised_{kind}_limit"), p.limit as i64);
@@ -167,6 +174,17 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
         .map(|u| {
             let limits = u.limiter.snapshot();
             let health = u.health.snapshot(now);
+            let [short, long] = u.limiter.windows().view(now).map(|w| {
+                w.map(|w| {
+                    json!({
+                        "used": w.used,
+                        "resets_in_s": w.resets_in.map(|r| r.as_secs()),
+                        "span_s": w.span.map(|s| s.as_secs()),
+                        "exhausted": w.exhausted,
+                        "history": w.history,
+                    })
+                })
+            });
             let [requests, tokens] = u
                 .limiter
                 .advertised()
@@ -192,6 +210,7 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
                 "shared": u.limiter.is_shared(),
                 "shared_replicas": u.limiter.replicas(),
                 "advertised": { "requests": requests, "tokens": tokens },
+                "windows": { "short": short, "long": long },
             })
         })
         .collect();

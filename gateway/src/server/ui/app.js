@@ -117,6 +117,22 @@ function totals(buckets) {
   return parts.join(", ");
 }
 
+// What the provider told: advertised rate limits (left of limit) and a
+// subscription's windows (share used, time to reset, the trend).
+function told(u) {
+  const parts = [];
+  for (const [kind, b] of Object.entries(u.advertised ?? {})) {
+    if (b) parts.push(`${kind} ${b.left}/${b.limit}`);
+  }
+  for (const [name, w] of Object.entries(u.windows ?? {})) {
+    if (!w) continue;
+    const reset = w.resets_in_s == null ? "" : ` (resets in ${Math.round(w.resets_in_s / 60)} min)`;
+    const trend = (w.history ?? []).slice(-8).map(([, used]) => Math.round(used * 100)).join("→");
+    parts.push(`${name} ${Math.round(w.used * 100)}%${w.exhausted ? " used up" : ""}${reset}${trend ? " " + trend : ""}`);
+  }
+  return parts.join("; ") || "-";
+}
+
 function renderUpstreams(state, stats) {
   const body = $("upstreams").tBodies[0];
   const series = new Map((stats.upstreams ?? []).map((u) => [u.name, u.buckets]));
@@ -129,6 +145,7 @@ function renderUpstreams(state, stats) {
     tr.appendChild(health);
     tr.appendChild(el("td", `${u.in_flight} / ${u.effective_limit} / ${u.max_concurrent ?? "-"}`));
     tr.appendChild(el("td", u.queued));
+    tr.appendChild(el("td", told(u)));
     const buckets = series.get(u.name) ?? [];
     const c = el("td");
     c.appendChild(chart(buckets));
