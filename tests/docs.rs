@@ -70,6 +70,24 @@ fn the_cloud_upstreams_example_is_a_valid_config() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The examples of "Limits learned from every answer" are valid as
+/// written: the pool (with `pick` and `reserve`) and the simulator config.
+#[test]
+fn the_learned_limits_examples_are_valid() {
+    let page = read("docs/src/learned-limits.md");
+    let mut blocks = page.split("```yaml\n").skip(1).filter_map(|b| b.split("```").next());
+    let pool = blocks.next().unwrap_or_default();
+    assert!(pool.contains("reset-first"), "example not found");
+    let config = tidegate::config::Config::parse(pool, &|name| Some(format!("value-of-{name}")));
+    let config = config.unwrap_or_else(|e| panic!("docs/src/learned-limits.md's pool is invalid: {e}"));
+    let member = config.upstreams[0].pool.as_ref().expect("a pool");
+    assert_eq!((member.pick, member.reserve), (tidegate::config::PoolPick::ResetFirst, Some(0.9)));
+    let sim = blocks.next().unwrap_or_default();
+    let sim = tidegate_simulate::SimConfig::from_yaml(sim);
+    let sim = sim.unwrap_or_else(|e| panic!("docs/src/learned-limits.md's simulator config is invalid: {e}"));
+    assert!(sim.advertise.is_some() && sim.accounts["key-a"].windows.is_some());
+}
+
 /// The README's minimal config is a valid config as written.
 #[test]
 fn the_readmes_config_is_valid() {

@@ -228,6 +228,8 @@ pub struct Permit {
     /// Its reservations from the advertised buckets (requests, tokens),
     /// for its answer's figures (see [`Permit::observe`]).
     tickets: [Option<u64>; 2],
+    /// When it was given: its request goes upstream from then on.
+    granted: Instant,
     /// Slots taken here when this one was, itself included: what its
     /// answer proves the provider accepts at once (see slow start).
     level: u32,
@@ -289,7 +291,7 @@ impl Permit {
             [advert.requests, advert.tokens].iter().zip(&limiter.advertised).zip(self.tickets)
         {
             if let Some(quota) = quota {
-                pacer.observe(*quota, ticket, share, now);
+                pacer.observe(*quota, (ticket, self.granted), share, now);
             }
         }
     }
@@ -719,6 +721,7 @@ impl Limiter {
                     after_delayed_release: false,
                     refusal: Refusal::None,
                     tickets: hold.keep(),
+                    granted: if wait.is_zero() { started } else { Instant::now() },
                     level: self.slots.taken(),
                 });
             }
@@ -1025,6 +1028,7 @@ impl Limiter {
                 after_delayed_release,
                 refusal: Refusal::None,
                 tickets: [None; 2],
+                granted: Instant::now(),
                 level: self.slots.taken(),
             };
             if let Err(mut unsent) = waiter.tx.send(permit) {

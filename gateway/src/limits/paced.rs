@@ -10,10 +10,10 @@
 //! the refill rate, not released together when the bucket is full).
 //!
 //! An answer's figures are the truth as of its request: the level becomes
-//! `remaining` less what was reserved after that request (still in flight
-//! or waiting), no refill counted for the time since (the provider admitted
-//! the request somewhere in between: the model errs towards waiting). An
-//! answer to a request older than the last one applied is not applied.
+//! `remaining`, refilled since the request was sent (the provider admitted
+//! it a network hop later), less what was reserved after that request
+//! (still in flight or waiting). An answer to a request older than the
+//! last one applied is not applied.
 //! With shared state, the level and the rate are this replica's share of
 //! them (the provider's figures count every replica's requests).
 
@@ -118,9 +118,9 @@ impl Pacer {
     }
 
     /// Applies an answer's figure: `ticket` is its request's reservation
-    /// (`None`: sent before pacing began), `share` the part of the bucket
-    /// that is this replica's (1 alone).
-    pub fn observe(&self, quota: Quota, ticket: Option<u64>, share: f64, now: Instant) {
+    /// (`None`: sent before pacing began) and `sent` when it went,
+    /// `share` the part of the bucket that is this replica's (1 alone).
+    pub fn observe(&self, quota: Quota, (ticket, sent): (Option<u64>, Instant), share: f64, now: Instant) {
         let Ok(mut m) = self.model.lock() else { return };
         let ticket = ticket.unwrap_or(0);
         if ticket < m.seen {
@@ -144,7 +144,8 @@ impl Pacer {
             m.rate = limit / 60.0;
         }
         m.limit = limit;
-        m.level = remaining - m.reserved.saturating_sub(ticket) as f64;
+        let refilled = m.rate * now.saturating_duration_since(sent).as_secs_f64();
+        m.level = (remaining + refilled).min(limit) - m.reserved.saturating_sub(ticket) as f64;
         m.at = Some(now);
         m.heard = Some(now);
         m.seen = ticket;
@@ -177,29 +178,29 @@ mod tests {
         assert!(p.reserve(1, t0).is_none(), "nothing advertised: no pacing");
         // 10 a 5 s bucket with 4 left: 6 used (5.5, the whole number
         // being rounded down) come back over 2.75 s: 2 a second.
-        p.observe(quota(10, 4, 2750), None, 1.0, t0);
+        p.observe(quota(10, 4, 2750), (None, t0), 1.0, t0);
         let waits: Vec<Duration> = (0..8).map(|_| p.reserve(1, t0).unwrap().0).collect();
         assert!(waits[..4].iter().all(|w| w.is_zero()), "{waits:?}");
         assert_eq!(waits[4], Duration::from_millis(500));
         assert_eq!(waits[7], Duration::from_millis(2000), "spread at 2 a second");
         // The answer to the 2nd says 1 left (another client used one): the
         // six reserved after it are owed, so the next waits for 6 units.
-        p.observe(quota(10, 1, 4250), Some(2), 1.0, t0);
+        p.observe(quota(10, 1, 4250), (Some(2), t0), 1.0, t0);
         let (wait, _) = p.reserve(1, t0).unwrap();
         assert_eq!(wait, Duration::from_secs(3));
         // An older answer is not applied over a newer one.
-        p.observe(quota(10, 10, 0), Some(1), 1.0, t0);
+        p.observe(quota(10, 10, 0), (Some(1), t0), 1.0, t0);
         let snap = p.snapshot(t0).unwrap();
         assert_eq!((snap.limit, snap.level, snap.per_minute), (10, -6, 120));
         // Two replicas: each paces to half of what is left.
         let shared = Pacer::default();
-        shared.observe(quota(60, 30, 29_500), None, 0.5, t0);
+        shared.observe(quota(60, 30, 29_500), (None, t0), 0.5, t0);
         let snap = shared.snapshot(t0).unwrap();
         assert_eq!((snap.limit, snap.level, snap.per_minute), (30, 15, 30));
         // "Nothing left for a day": believed while fresh, then one request
         // a LONGEST_PACE goes to ask again.
         let dry = Pacer::default();
-        dry.observe(quota(1_000_000, 0, 86_400_000), None, 1.0, t0);
+        dry.observe(quota(1_000_000, 0, 86_400_000), (None, t0), 1.0, t0);
         let (wait, _) = dry.reserve(1_000_000, t0).unwrap();
         assert!(wait > Duration::from_secs(3600), "{wait:?}");
         let later = t0 + LONGEST_PACE;
@@ -207,7 +208,7 @@ mod tests {
         assert!(dry.reserve(1, later).unwrap().0 > LONGEST_PACE, "two probes at once");
         // A reservation given back is room again.
         let q = Pacer::default();
-        q.observe(quota(2, 1, 1000), None, 1.0, t0);
+        q.observe(quota(2, 1, 1000), (None, t0), 1.0, t0);
         q.reserve(1, t0);
         assert!(q.reserve(1, t0).unwrap().0 > Duration::ZERO);
         q.unreserve(1);
