@@ -872,6 +872,10 @@ impl Limiter {
     /// of the cap, so a quiet upstream's window does not grow into a
     /// crowd released later at once.
     fn grow_window(&self, level: u32) {
+        // Past slow start (a declared or learned cap): nothing to lock.
+        if self.window.lock().map_or(true, |w| w.is_none()) {
+            return;
+        }
         let waiting = self.queue.lock().map_or(0, |q| q.fair.len());
         let taken = self.slots.taken();
         let cap = self.growth_ceiling(Instant::now());
