@@ -22,8 +22,20 @@ its own simulator.
    sessions: 8 s) and against the ideal of a gateway told the caps (6 s).
    With redis-server on the machine, the same with two replicas sharing
    Redis, the requests alternating between them (goal <= 2 per account).
+3. Windowed accounts (Anthropic's unified 5h/7d headers), `pick:
+   reset-first` and `reserve: 90%`: one account at 80% of a 5-hour window
+   that resets in 10 minutes, one at 20% of one that resets in 4 hours,
+   5% a request. Sequential requests: reset-first sends to the first
+   until its window is used up (4 requests after the first round), then
+   to the other, and none meets a used-up window. Then the reserve: the
+   first account past 90% of its weekly window, the other taking one
+   session at a time, two batch requests and an interactive one: the
+   interactive one is served from the reserve at once, the second batch
+   request waits for the other account. The build before (which has
+   neither setting) is run with the same accounts and no setting.
 
-Ends with one line per case, readable by a script.
+Ends with one line per case, readable by a script (the build before's
+lines start with `before:`).
 """
 
 import http.client
@@ -191,11 +203,93 @@ def pool_case(label, bin_path, base_port, replicas=1, redis_port=None):
         run.stop(gws + [sim])
 
 
+def windowed_sim(a_long_used, b_cap):
+    def windows(short_used, short_reset, long_used):
+        return (f"{{ shape: anthropic, short: {{ used: {short_used}, resets_in_s: {short_reset}, per_request: 0.05 }}, "
+                f"long: {{ used: {long_used}, resets_in_s: 259200, per_request: 0.0 }} }}")
+    cap = f", max_in_flight: {b_cap}" if b_cap else ""
+    return ("default: { latency_ms: 500 }\naccounts:\n"
+            f"  key-a: {{ windows: {windows(0.8, 600, a_long_used)} }}\n"
+            f"  key-b: {{ windows: {windows(0.2, 4 * 3600, 0.2)}{cap} }}\n")
+
+
+def windowed_block(sim_port, settings):
+    return (f'  - name: plan\n    protocol: anthropic\n    base_url: "http://127.0.0.1:{sim_port}"\n{settings}'
+            "    accounts:\n      - { name: a, api_key: key-a }\n      - { name: b, api_key: key-b }\n")
+
+
+def ask_claude(port, priority, n):
+    body = json.dumps({"model": "claude", "max_tokens": 10, "messages": [{"role": "user", "content": f"task {n}"}]})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/messages", body=body, headers={
+        "content-type": "application/json", "anthropic-version": "2023-06-01", "x-tidegate-priority": priority})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status, time.monotonic() - t0
+
+
+def windows_case(label, bin_path, base_port, settings):
+    """reset-first, then the reserve; each against its own simulator."""
+    out = {}
+    sim_port, gw_port = base_port, base_port + 1
+    sim = simulator(sim_port, windowed_sim(0.3, None), f"win-{label}")
+    gw = gateway(bin_path, f"win-{label}", gw_port, windowed_block(sim_port, settings), model="claude", upstream="plan")
+    try:
+        run.wait_port(sim_port)
+        run.wait_port(gw_port)
+        both = [threading.Thread(target=ask_claude, args=(gw_port, "interactive", i)) for i in range(2)]
+        for t in both:
+            t.start()
+        for t in both:
+            t.join()
+        statuses = [ask_claude(gw_port, "interactive", 10 + i)[0] for i in range(8)]
+        acc = run.sim_stats(sim_port)["accounts"]
+        a, b = acc.get("key-a", {}), acc.get("key-b", {})
+        out["first"] = a.get("window_served", 0) - 1
+        out["other"] = b.get("window_served", 0) - 1
+        out["window_refused"] = a.get("window_refused", 0) + b.get("window_refused", 0)
+        out["ok"] = sum(1 for s in statuses if s == 200)
+    finally:
+        run.stop([gw, sim])
+    sim = simulator(sim_port, windowed_sim(0.92, 1), f"res-{label}")
+    gw = gateway(bin_path, f"res-{label}", gw_port, windowed_block(sim_port, settings), model="claude", upstream="plan")
+    try:
+        run.wait_port(sim_port)
+        run.wait_port(gw_port)
+        both = [threading.Thread(target=ask_claude, args=(gw_port, "interactive", 100 + i)) for i in range(2)]
+        for t in both:
+            t.start()
+        for t in both:
+            t.join()
+        got = {}
+
+        def batch(i, delay):
+            time.sleep(delay)
+            got[i] = ask_claude(gw_port, "batch", 200 + i)
+
+        batches = [threading.Thread(target=batch, args=(i, 0.01 * i)) for i in range(2)]
+        for t in batches:
+            t.start()
+        time.sleep(0.1)
+        status, took = ask_claude(gw_port, "interactive", 300)
+        for t in batches:
+            t.join()
+        acc = run.sim_stats(sim_port)["accounts"]
+        out["interactive"] = (status, took)
+        out["batch_waited"] = max(got[i][1] for i in got)
+        out["reserve_batch"] = acc.get("key-a", {}).get("window_served", 0) - 2
+    finally:
+        run.stop([gw, sim])
+    return out
+
+
 def main():
     builds = [("this build", run.BIN)] + ([("build before", os.path.abspath(BASELINE))] if BASELINE else [])
     lines = []
     print(f"# pacing bench ({DURATION:.0f} s a case; logs in {run.TMP})", flush=True)
-    only = os.environ.get("ONLY", "advertised,pool")
+    only = os.environ.get("ONLY", "advertised,pool,windows")
     factors = [float(f) for f in os.environ.get("FACTORS", "1.5,0.9").split(",")]
     for factor in factors if "advertised" in only else ():
         out = {}
@@ -213,13 +307,17 @@ def main():
             r = out[label]
             print(f"| {label} | {r['refused']} | {r['served']} | {r['failed']} | {r['per_minute']:.1f} "
                   f"({r['per_minute'] / 60:.0%}) | {r['p99_added_ms']:.0f} |")
-            lines.append(f"pacing advertised {factor}x {label.replace(' ', '-')}: refused {r['refused']}, "
-                         f"throughput {r['per_minute'] / 60:.1%}, added-p99 {r['p99_added_ms']:.0f} ms, failed {r['failed']}")
-    print("\n## pool burst: 12 requests 0.1 s apart, accounts of unknown cap 2, 2, none\n")
-    print("| | replicas | ok | refused by a | refused by b | planless asked | makespan | x proven ideal (8 s) | x known-cap ideal (6 s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            before = "" if label == builds[0][0] else "before: "
+            lines.append(f"{before}pacing advertised-{factor}x: refusals-after-first-answer {r['refused']}, "
+                         f"throughput {r['per_minute'] / 60:.1%} of advertised, "
+                         f"p99 added queueing {r['p99_added_ms']:.0f} ms, failures {r['failed']}")
     redis = None
     cases = [(label, b, 1, None) for label, b in builds] if "pool" in only else []
+    if cases:
+        print("\n## pool burst: 12 requests 0.1 s apart, accounts of unknown cap 2, 2, none\n")
+        print("| | replicas | ok | refused by a | refused by b | planless asked | makespan | x proven ideal (8 s) "
+              "| x known-cap ideal (6 s) |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     if cases and shutil.which("redis-server"):
         redis_port = 19690
         redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
@@ -233,11 +331,30 @@ def main():
             r = pool_case(label.replace(" ", "-"), b, 19700 + 10 * i, replicas, redis_port)
             print(f"| {label} | {replicas} | {r['ok']}/12 | {r['a']} | {r['b']} | {r['planless']} | "
                   f"{r['makespan']:.2f} s | {r['makespan'] / 8:.2f} | {r['makespan'] / 6:.2f} |", flush=True)
-            lines.append(f"pacing pool {replicas}-replica {label.replace(' ', '-')}: refusals a {r['a']} b {r['b']}, "
-                         f"planless {r['planless']}, makespan {r['makespan'] / 8:.2f}x proven ideal, ok {r['ok']}/12")
+            before = "" if label == builds[0][0] else "before: "
+            lines.append(f"{before}pool-burst {replicas}: refusals per capped account [{r['a']}, {r['b']}], "
+                         f"planless asked {r['planless']}, makespan {r['makespan'] / 8:.2f}x ideal, "
+                         f"failures {12 - r['ok']}")
     finally:
         if redis:
             redis.terminate()
+    if "windows" in only:
+        print("\n## windowed accounts: a at 80% of 5 h resetting in 10 min, b at 20% resetting in 4 h, 5% a request\n")
+        print("| | settings | after one each: to a | to b | met a used-up window | interactive from the reserve | "
+              "its latency | 2nd batch waited | batch on the reserve |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for i, (label, b) in enumerate(builds):
+            settings = "    pick: reset-first\n    reserve: 90%\n" if i == 0 else ""
+            r = windows_case(label.replace(" ", "-"), b, 19800 + 10 * i, settings)
+            (status, took) = r["interactive"]
+            print(f"| {label} | {'reset-first, 90%' if settings else 'none'} | {r['first']} | {r['other']} | "
+                  f"{r['window_refused']} | {status} | {took * 1000:.0f} ms | {r['batch_waited'] * 1000:.0f} ms | "
+                  f"{r['reserve_batch']} |", flush=True)
+            before = "" if i == 0 else "before: "
+            lines.append(f"{before}windows reset-first: to the first account {r['first']}, to the other {r['other']}, "
+                         f"used-up window met {r['window_refused']}; reserve: interactive {status} in "
+                         f"{took * 1000:.0f} ms, batch on the reserve {r['reserve_batch']}, "
+                         f"2nd batch waited {r['batch_waited'] * 1000:.0f} ms")
     print()
     for line in lines:
         print(line)

@@ -13,9 +13,13 @@ use tidegate_simulate::advertise::{Advertise, Bucket, Shape};
 use tidegate_simulate::{Behavior, SimConfig, Simulator};
 
 fn advertising(shape: Shape, requests: Bucket, tokens: Option<Bucket>) -> Simulator {
+    advertising_per(shape, requests, tokens, false)
+}
+
+fn advertising_per(shape: Shape, requests: Bucket, tokens: Option<Bucket>, per_model: bool) -> Simulator {
     let config = SimConfig {
         default: Behavior { latency_ms: 50, ..Default::default() },
-        advertise: Some(Advertise { shape, requests: Some(requests), tokens }),
+        advertise: Some(Advertise { shape, requests: Some(requests), tokens, per_model }),
         ..Default::default()
     };
     Simulator::start("127.0.0.1:0".parse().unwrap(), config).unwrap()
@@ -78,9 +82,9 @@ async fn openai_figures_on_successes_pace_a_client_over_the_limit_without_refusa
     let admin: serde_json::Value = serde_json::from_str(&admin).unwrap();
     let up = admin["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == "sim-openai");
     let up = up.unwrap_or_else(|| panic!("{admin}"));
-    assert_eq!(up["advertised"]["requests"]["limit"], 10, "{up}");
+    assert_eq!(up["advertised"]["real-gpt"]["requests"]["limit"], 10, "{up}");
     // 2 a second, as read from the figures (rounded).
-    let per_minute = up["advertised"]["requests"]["per_minute"].as_u64().unwrap();
+    let per_minute = up["advertised"]["real-gpt"]["requests"]["per_minute"].as_u64().unwrap();
     assert!((110..=122).contains(&per_minute), "{up}");
 }
 
@@ -104,4 +108,38 @@ async fn anthropic_figures_pace_streams_by_tokens_too() {
     // The first answer's figures arrive after a few requests were sent
     // unpaced; none after the first answer.
     assert_eq!(seen.refused, 0, "{seen:?}");
+}
+
+/// OpenAI scopes rate limits by model: one upstream serving two models
+/// keeps a model's figures to that model. A client over one model's
+/// limit waits; a request for the other model does not wait behind it
+/// (one bucket for the upstream would hold it back ~4 s here).
+#[tokio::test(start_paused = true)]
+async fn a_model_told_nothing_is_left_does_not_hold_back_another() {
+    let sim = advertising_per(Shape::Openai, Bucket { limit: 5, per_ms: 5000 }, None, true);
+    let models = "  mini:\n    targets: [{ upstream: sim-openai, model: real-mini }]";
+    let gw = gateway(&yaml(&sim, "admin_key: adm", "", models)).await;
+    let base = format!("http://{}", gw.addr);
+    // One answer teaches the first model's bucket (4 left).
+    assert_eq!(offer(&base, "/v1/chat/completions", "gpt", 1, Duration::ZERO, false).await, [200]);
+    let started = tokio::time::Instant::now();
+    // 10 for it at once: 4 go, 6 are paced at 1 a second.
+    let busy = offer(&base, "/v1/chat/completions", "gpt", 10, Duration::ZERO, false);
+    let other = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let statuses = offer(&base, "/v1/chat/completions", "mini", 3, Duration::ZERO, false).await;
+        (statuses, started.elapsed())
+    };
+    let (busy, (other, other_took)) = tokio::join!(busy, other);
+    assert!(busy.iter().chain(&other).all(|s| *s == 200), "{busy:?} {other:?}");
+    assert!(other_took < Duration::from_secs(2), "the other model waited behind the first: {other_took:?}");
+    assert!(started.elapsed() >= Duration::from_secs(4), "the first model was not paced");
+    assert_eq!(sim.state.advertised().refused, 0, "{:?}", sim.state.advertised());
+    let admin =
+        client().get(format!("{base}/admin/upstreams")).bearer_auth("adm").send().await.unwrap().text().await.unwrap();
+    let admin: serde_json::Value = serde_json::from_str(&admin).unwrap();
+    let up = admin["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == "sim-openai").unwrap();
+    for model in ["real-gpt", "real-mini"] {
+        assert_eq!(up["advertised"][model]["requests"]["limit"], 5, "{up}");
+    }
 }

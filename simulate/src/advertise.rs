@@ -37,6 +37,10 @@ pub struct Advertise {
     pub requests: Option<Bucket>,
     /// Tokens.
     pub tokens: Option<Bucket>,
+    /// One pair of buckets per model asked for (OpenAI's and Anthropic's
+    /// scope), not one for every model.
+    #[serde(default)]
+    pub per_model: bool,
 }
 
 /// Header shape.
@@ -236,13 +240,22 @@ async fn buckets(state: Arc<SimState>, req: Request, next: Next) -> Response {
         .ok()
         .and_then(|v| v.get("max_tokens").and_then(serde_json::Value::as_u64))
         .unwrap_or(1024);
+    let model = if advertise.per_model {
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("model").and_then(serde_json::Value::as_str).map(str::to_string))
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
     let costs = [1.0, (max_tokens + body.len() as u64 / 4) as f64];
     let buckets = [advertise.requests, advertise.tokens];
     let now = Instant::now();
     let (admitted, figures) = {
-        let Ok(mut levels) = state.advert_levels.lock() else {
+        let Ok(mut all) = state.advert_levels.lock() else {
             return next.run(Request::from_parts(parts, body.into())).await;
         };
+        let levels = all.entry(model).or_default();
         let elapsed = levels.at.map_or(f64::INFINITY, |at| now.saturating_duration_since(at).as_secs_f64());
         for (level, bucket) in levels.levels.iter_mut().zip(buckets) {
             if let Some(b) = bucket {

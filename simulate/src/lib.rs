@@ -368,7 +368,7 @@ pub struct SimState {
     /// Per provider key.
     per_account: Mutex<HashMap<String, AccountStats>>,
     /// The advertised buckets' levels (see [`SimConfig::advertise`]).
-    advert_levels: Mutex<advertise::Levels>,
+    advert_levels: Mutex<HashMap<String, advertise::Levels>>,
     /// What the advertised limits admitted and refused.
     advert_stats: Mutex<advertise::AdvertStats>,
     /// Per provider key: its windows' shares used and when they reset.

@@ -52,7 +52,7 @@ use tokio::time::Instant;
 use fair::Fair;
 pub use fair::{Priority, Who};
 use gcra::Gcra;
-use paced::{Paced, Pacer};
+use paced::{Buckets, Paced, Scopes};
 use slots::{Lease, MemorySlots};
 use tokio_util::task::TaskTracker;
 
@@ -158,9 +158,10 @@ pub struct Limiter {
     tasks: TaskTracker,
     rpm: Option<Gcra>,
     tpm: Option<Gcra>,
-    /// What the provider advertises on its answers (requests, tokens):
-    /// paced to beside the configured buckets, so the smaller wins.
-    advertised: [Pacer; 2],
+    /// What the provider advertises on its answers (requests, tokens),
+    /// per model sent: paced to beside the configured buckets, so the
+    /// smaller wins.
+    advertised: Scopes,
     /// A subscription account's windows, as its answers report them.
     windows: windows::Windows,
     effective: Mutex<f64>,
@@ -228,6 +229,8 @@ pub struct Permit {
     /// Its reservations from the advertised buckets (requests, tokens),
     /// for its answer's figures (see [`Permit::observe`]).
     tickets: [Option<u64>; 2],
+    /// The advertised buckets of its model (see [`paced::Scopes`]).
+    scope: Option<Arc<Buckets>>,
     /// When it was given: its request goes upstream from then on.
     granted: Instant,
     /// Slots taken here when this one was, itself included: what its
@@ -287,9 +290,8 @@ impl Permit {
         };
         let now = Instant::now();
         limiter.windows.observe(&advert.windows, now);
-        for ((quota, pacer), ticket) in
-            [advert.requests, advert.tokens].iter().zip(&limiter.advertised).zip(self.tickets)
-        {
+        let Some(scope) = &self.scope else { return };
+        for ((quota, pacer), ticket) in [advert.requests, advert.tokens].iter().zip(scope.iter()).zip(self.tickets) {
             if let Some(quota) = quota {
                 pacer.observe(*quota, (ticket, self.granted), share, now);
             }
@@ -411,15 +413,16 @@ struct RateHold<'a> {
     asked: u64,
     /// Tickets of the advertised buckets (requests, tokens).
     tickets: [Option<u64>; 2],
+    scope: Arc<Buckets>,
 }
 
 impl RateHold<'_> {
     /// The request holds a slot now: its reservation stays (the permit
     /// settles the tokens with the real usage); its advertised buckets'
     /// tickets go to the permit.
-    fn keep(mut self) -> [Option<u64>; 2] {
+    fn keep(mut self) -> ([Option<u64>; 2], Option<Arc<Buckets>>) {
         self.reserved = [None; 2];
-        std::mem::take(&mut self.tickets)
+        (std::mem::take(&mut self.tickets), Some(self.scope.clone()))
     }
 }
 
@@ -431,7 +434,7 @@ impl Drop for RateHold<'_> {
                 self.limiter.unreserve(what, cost, shared_store);
             }
         }
-        for ((ticket, pacer), cost) in self.tickets.iter().zip(&self.limiter.advertised).zip([1, self.asked]) {
+        for ((ticket, pacer), cost) in self.tickets.iter().zip(self.scope.iter()).zip([1, self.asked]) {
             if ticket.is_some() {
                 pacer.unreserve(cost);
             }
@@ -575,10 +578,11 @@ impl Limiter {
     /// ones while the store answers) and says how long to wait for them.
     /// The reservation is returned by the [`RateHold`]'s drop unless the
     /// request goes on to hold a slot.
-    async fn rate_wait(&self, tokens: u64, asked: u64, now: Instant) -> (Duration, RateHold<'_>) {
+    async fn rate_wait(&self, model: &str, (tokens, asked): (u64, u64), now: Instant) -> (Duration, RateHold<'_>) {
         let mut wait = Duration::ZERO;
-        let mut hold = RateHold { limiter: self, tokens, reserved: [None; 2], asked, tickets: [None; 2] };
-        for (i, (pacer, cost)) in self.advertised.iter().zip([1, asked]).enumerate() {
+        let scope = self.advertised.of(model);
+        let mut hold = RateHold { limiter: self, tokens, reserved: [None; 2], asked, tickets: [None; 2], scope };
+        for (i, (pacer, cost)) in hold.scope.clone().iter().zip([1, asked]).enumerate() {
             if let Some((paced, ticket)) = pacer.reserve(cost, now) {
                 hold.tickets[i] = Some(ticket);
                 wait = wait.max(paced);
@@ -620,11 +624,10 @@ impl Limiter {
         }
     }
 
-    /// The advertised buckets (requests, tokens) as tidegate reckons
-    /// them now, once the provider has said anything.
-    pub fn advertised(&self) -> [Option<Paced>; 2] {
-        let now = Instant::now();
-        [self.advertised[0].snapshot(now), self.advertised[1].snapshot(now)]
+    /// The advertised buckets (requests, tokens) of each model sent, as
+    /// tidegate reckons them now, once the provider has said anything.
+    pub fn advertised(&self) -> Vec<(String, [Option<Paced>; 2])> {
+        self.advertised.snapshot(Instant::now())
     }
 
     /// The account's subscription windows (see [`windows::Windows`]).
@@ -649,10 +652,22 @@ impl Limiter {
     /// bounded by the tpm bucket (see [`gcra::Gcra::bounded`]) before
     /// anything is reserved, here and in the shared store alike.
     pub async fn acquire(self: &Arc<Self>, who: &Who, tokens: u64, deadline: Instant) -> Result<Permit, Refused> {
+        self.acquire_for("", who, tokens, deadline).await
+    }
+
+    /// [`Limiter::acquire`] for a request of `model` (the name sent
+    /// upstream): paced to what the provider advertised for that model.
+    pub async fn acquire_for(
+        self: &Arc<Self>,
+        model: &str,
+        who: &Who,
+        tokens: u64,
+        deadline: Instant,
+    ) -> Result<Permit, Refused> {
         let asked = tokens;
         let tokens = self.tpm.as_ref().map_or(0, |tpm| tpm.bounded(tokens));
         let started = Instant::now();
-        let mut permit = self.acquire_local(who, (tokens, asked), deadline, started).await?;
+        let mut permit = self.acquire_local((who, model), (tokens, asked), deadline, started).await?;
         // Only a counted limit has leases to share (rate buckets are
         // shared in `rate_wait`).
         let counted = self.config.max_concurrent.is_some() || self.config.adaptive;
@@ -693,12 +708,12 @@ impl Limiter {
 
     async fn acquire_local(
         self: &Arc<Self>,
-        who: &Who,
+        (who, model): (&Who, &str),
         (tokens, asked): (u64, u64),
         deadline: Instant,
         started: Instant,
     ) -> Result<Permit, Refused> {
-        let (wait, hold) = self.rate_wait(tokens, asked, started).await;
+        let (wait, hold) = self.rate_wait(model, (tokens, asked), started).await;
         if !wait.is_zero() {
             if started + wait >= deadline {
                 return Err(Refused::Deadline { waited: Duration::ZERO, retry_after: wait });
@@ -712,6 +727,7 @@ impl Limiter {
             if q.fair.is_empty()
                 && let Some(lease) = self.slots.try_take(self.effective_limit())
             {
+                let (tickets, scope) = hold.keep();
                 return Ok(Permit {
                     limiter: self.clone(),
                     lease: Some(lease),
@@ -720,7 +736,8 @@ impl Limiter {
                     unleased: false,
                     after_delayed_release: false,
                     refusal: Refusal::None,
-                    tickets: hold.keep(),
+                    tickets,
+                    scope,
                     granted: if wait.is_zero() { started } else { Instant::now() },
                     level: self.slots.taken(),
                 });
@@ -739,7 +756,7 @@ impl Limiter {
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(mut permit)) => {
                 drop(spot);
-                permit.tickets = hold.keep();
+                (permit.tickets, permit.scope) = hold.keep();
                 permit.tokens = tokens;
                 Ok(permit)
             }
@@ -1032,6 +1049,7 @@ impl Limiter {
                 after_delayed_release,
                 refusal: Refusal::None,
                 tickets: [None; 2],
+                scope: None,
                 granted: Instant::now(),
                 level: self.slots.taken(),
             };

@@ -17,8 +17,8 @@
 //! With shared state, the level and the rate are this replica's share of
 //! them (the provider's figures count every replica's requests).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -34,7 +34,62 @@ use crate::classify::advertised::Quota;
 /// `Retry-After`, a request it would keep past its deadline).
 pub const LONGEST_PACE: Duration = Duration::from_secs(60);
 
-/// One advertised bucket (requests, or tokens) of one upstream.
+/// Models one upstream keeps apart at most: beyond, the rest share one
+/// scope (a target without `model` forwards whatever name a client asks,
+/// and a client must not grow this without bound).
+pub const MOST_SCOPES: usize = 32;
+
+/// The advertised buckets (requests, tokens) of one quota scope.
+pub type Buckets = [Pacer; 2];
+
+/// One upstream's advertised buckets, per model sent: OpenAI and
+/// Anthropic both scope rpm and tpm by model (an organisation's limits
+/// for one model are not another's), so a model told "nothing left"
+/// does not hold back another. A provider that scopes them by account
+/// instead tells each model the same figures, and each model's answers
+/// correct its own reckoning: the cost is what two models send between
+/// two answers, never a wait the provider did not ask for.
+#[derive(Debug, Default)]
+pub struct Scopes {
+    list: Mutex<Vec<(Box<str>, Arc<Buckets>)>>,
+}
+
+impl Scopes {
+    /// The buckets of `model` (created empty: no pacing until an answer
+    /// of that model advertises something).
+    pub fn of(&self, model: &str) -> Arc<Buckets> {
+        let Ok(mut list) = self.list.lock() else { return Arc::default() };
+        if let Some((_, b)) = list.iter().find(|(m, _)| &**m == model) {
+            return b.clone();
+        }
+        if list.len() >= MOST_SCOPES {
+            return list.last().map(|(_, b)| b.clone()).unwrap_or_default();
+        }
+        let b = Arc::<Buckets>::default();
+        list.push((model.into(), b.clone()));
+        b
+    }
+
+    /// Each model's buckets as tidegate reckons them now, for those the
+    /// provider has said anything of.
+    pub fn snapshot(&self, now: Instant) -> Vec<(String, [Option<Paced>; 2])> {
+        let Ok(list) = self.list.lock() else { return Vec::new() };
+        list.iter()
+            .map(|(m, b)| (m.to_string(), [b[0].snapshot(now), b[1].snapshot(now)]))
+            .filter(|(_, p)| p.iter().any(Option::is_some))
+            .collect()
+    }
+}
+
+impl Paced {
+    /// The part of the bucket left (below zero: owed), to find the
+    /// tightest of several.
+    pub fn left_part(&self) -> f64 {
+        self.level as f64 / (self.limit.max(1) as f64)
+    }
+}
+
+/// One advertised bucket (requests, or tokens) of one quota scope.
 #[derive(Debug, Default)]
 pub struct Pacer {
     /// A figure was seen: until then, reserving costs an atomic load.
@@ -169,6 +224,22 @@ mod tests {
 
     fn quota(limit: u64, remaining: u64, reset_ms: u64) -> Quota {
         Quota { limit, remaining, reset: Duration::from_millis(reset_ms) }
+    }
+
+    #[test]
+    fn each_model_has_its_buckets_and_a_flood_of_names_shares_the_last() {
+        let scopes = Scopes::default();
+        let t0 = Instant::now();
+        scopes.of("a")[0].observe(quota(10, 0, 10_000), (None, t0), 1.0, t0);
+        assert!(scopes.of("a")[0].reserve(1, t0).unwrap().0 > Duration::ZERO);
+        assert!(scopes.of("b")[0].reserve(1, t0).is_none(), "b was told nothing");
+        for i in 0..100 {
+            scopes.of(&format!("m{i}"));
+        }
+        assert_eq!(scopes.list.lock().unwrap().len(), MOST_SCOPES);
+        assert!(Arc::ptr_eq(&scopes.of("m99"), &scopes.of("m98")), "past the bound, names share one scope");
+        let seen: Vec<String> = scopes.snapshot(t0).into_iter().map(|(m, _)| m).collect();
+        assert_eq!(seen, ["a"], "only scopes told something are shown");
     }
 
     #[tokio::test(start_paused = true)]

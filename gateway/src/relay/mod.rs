@@ -471,7 +471,8 @@ impl<'a> Run<'a> {
         let several = pooled.as_ref().is_some_and(|m| m.len() > 1);
         let acquired = if let Some(only) = single {
             let limiter = &gw.upstreams[self.targets.upstream(only)].limiter;
-            self.unless_closing(limiter.acquire(who, tokens, deadline)).await.map(|r| (only, r))
+            let model = self.targets.model(only, self.job);
+            self.unless_closing(limiter.acquire_for(model, who, tokens, deadline)).await.map(|r| (only, r))
         } else {
             let mut members = pooled.unwrap_or_default();
             loop {
@@ -479,7 +480,8 @@ impl<'a> Run<'a> {
                     .iter()
                     .map(|&m| {
                         let limiter = &gw.upstreams[self.targets.upstream(m)].limiter;
-                        Box::pin(limiter.acquire(who, tokens, deadline)) as Acquiring<'_>
+                        let model = self.targets.model(m, self.job);
+                        Box::pin(limiter.acquire_for(model, who, tokens, deadline)) as Acquiring<'_>
                     })
                     .collect();
                 let got = self.unless_closing(first_slot(waits)).await.map(|(k, r)| (members[k], r));

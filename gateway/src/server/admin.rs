@@ -15,6 +15,7 @@ use crate::admission::auth::authenticate;
 use crate::config::ClientKey;
 use crate::error::GatewayError;
 use crate::journal;
+use crate::limits::paced::Paced;
 use crate::protocol::Protocol;
 
 /// Admin requests need the configured `admin_key` (as a bearer token or
@@ -143,8 +144,12 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
                 gw.sink.metrics.gauge(name, &format!("{kind}_resets_in_s"), left);
             }
         }
-        for (kind, paced) in ["requests", "tokens"].iter().zip(u.limiter.advertised()) {
-            if let Some(p) = paced {
+        // Per upstream, the model with the least left of each bucket.
+        let advertised = u.limiter.advertised();
+        for (i, kind) in ["requests", "tokens"].iter().enumerate() {
+            let tightest =
+                advertised.iter().filter_map(|(_, b)| b[i]).min_by(|a, b| a.left_part().total_cmp(&b.left_part()));
+            if let Some(p) = tightest {
                 gw.sink.metrics.gauge(name, &format!("advertised_{kind}_limit"), p.limit as i64);
                 gw.sink.metrics.gauge(name, &format!("advertised_{kind}_left"), p.level);
             }
@@ -185,10 +190,16 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
                     })
                 })
             });
-            let [requests, tokens] = u
+            let paced =
+                |p: Option<Paced>| p.map(|p| json!({ "limit": p.limit, "left": p.level, "per_minute": p.per_minute }));
+            let advertised: serde_json::Map<String, serde_json::Value> = u
                 .limiter
                 .advertised()
-                .map(|p| p.map(|p| json!({ "limit": p.limit, "left": p.level, "per_minute": p.per_minute })));
+                .into_iter()
+                .map(|(model, [requests, tokens])| {
+                    (model, json!({ "requests": paced(requests), "tokens": paced(tokens) }))
+                })
+                .collect();
             json!({
                 "name": u.config.name,
                 "protocol": u.config.protocol.to_string(),
@@ -209,7 +220,7 @@ pub async fn upstreams(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
                 "adaptive": u.config.limits.adaptive,
                 "shared": u.limiter.is_shared(),
                 "shared_replicas": u.limiter.replicas(),
-                "advertised": { "requests": requests, "tokens": tokens },
+                "advertised": advertised,
                 "windows": { "short": short, "long": long },
             })
         })

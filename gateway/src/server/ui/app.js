@@ -121,8 +121,11 @@ function totals(buckets) {
 // subscription's windows (share used, time to reset, the trend).
 function told(u) {
   const parts = [];
-  for (const [kind, b] of Object.entries(u.advertised ?? {})) {
-    if (b) parts.push(`${kind} ${b.left}/${b.limit}`);
+  const models = Object.entries(u.advertised ?? {});
+  for (const [model, buckets] of models) {
+    for (const [kind, b] of Object.entries(buckets ?? {})) {
+      if (b) parts.push(`${models.length > 1 ? model + " " : ""}${kind} ${b.left}/${b.limit}`);
+    }
   }
   for (const [name, w] of Object.entries(u.windows ?? {})) {
     if (!w) continue;
