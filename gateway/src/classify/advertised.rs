@@ -113,14 +113,15 @@ struct WindowParts {
 }
 
 impl WindowParts {
-    fn window(&self, now: Timestamp, usual: Duration) -> Option<Window> {
+    fn window(&self, now: impl Fn() -> Timestamp, usual: Duration) -> Option<Window> {
         let used = self.used.filter(|u| u.is_finite() && *u >= 0.0)?.min(1.0);
         let until = |secs: f64| {
             (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(LONGEST_HINT.as_secs_f64())))
         };
-        let now_secs = now.as_millisecond() as f64 / 1000.0;
-        let resets_in =
-            self.reset_at.and_then(|at| until((at - now_secs).max(0.0))).or_else(|| self.reset_after.and_then(until));
+        let resets_in = self
+            .reset_at
+            .and_then(|at| until((at - now().as_millisecond() as f64 / 1000.0).max(0.0)))
+            .or_else(|| self.reset_after.and_then(until));
         let span = self.minutes.and_then(|m| until(m * 60.0)).filter(|s| !s.is_zero()).or(Some(usual));
         Some(Window { used, resets_in, span, rejected: self.rejected })
     }
@@ -131,11 +132,20 @@ const SPANS: [Duration; 2] = [Duration::from_secs(5 * 3600), Duration::from_secs
 
 /// Reads an answer's advertised limits in one pass over its headers (an
 /// answer without any costs a prefix comparison a header).
-pub fn read(headers: &HeaderMap, now: Timestamp) -> Advert {
+pub fn read(headers: &HeaderMap, clock: impl Fn() -> Timestamp) -> Advert {
+    // The clock is read once, and only if a figure is a time.
+    let at = std::cell::OnceCell::new();
+    let now = || *at.get_or_init(&clock);
+    let mut any = false;
     let (mut requests, mut tokens, mut input) = (Parts::default(), Parts::default(), Parts::default());
     let mut windows = [WindowParts::default(), WindowParts::default()];
     for (name, value) in headers {
         let name = name.as_str();
+        // Most headers are none of these: one look at the first byte.
+        if name.len() < 12 || !matches!(name.as_bytes()[0], b'x' | b'a') {
+            continue;
+        }
+        any = true;
         if let Some(rest) = name.strip_prefix("anthropic-ratelimit-unified-") {
             let Some((which, field)) = rest.split_once('-') else { continue };
             let w = match which {
@@ -191,10 +201,13 @@ pub fn read(headers: &HeaderMap, now: Timestamp) -> Advert {
         match field {
             "limit" => parts.limit = value.parse().ok(),
             "remaining" => parts.remaining = value.parse().ok(),
-            "reset" if anthropic => parts.reset = reset_at(value, now),
+            "reset" if anthropic => parts.reset = reset_at(value, now()),
             "reset" => parts.reset = parse_go_duration(value).map(|d| d.min(LONGEST_HINT)),
             _ => {}
         }
+    }
+    if !any {
+        return Advert::default();
     }
     Advert {
         requests: requests.quota(),
@@ -233,7 +246,7 @@ mod tests {
                 ("x-ratelimit-remaining-tokens", "39800"),
                 ("x-ratelimit-reset-tokens", "300ms"),
             ]),
-            now,
+            || now,
         );
         assert_eq!(openai.requests, Some(Quota { limit: 60, remaining: 59, reset: Duration::from_secs(1) }));
         assert_eq!(openai.tokens, Some(Quota { limit: 40_000, remaining: 39_800, reset: Duration::from_millis(300) }));
@@ -246,7 +259,7 @@ mod tests {
                 ("anthropic-ratelimit-input-tokens-remaining", "29000"),
                 ("anthropic-ratelimit-input-tokens-reset", "2026-12-07T11:59:00Z"),
             ]),
-            now,
+            || now,
         );
         assert_eq!(anthropic.requests, Some(Quota { limit: 50, remaining: 49, reset: Duration::from_secs(2) }));
         assert_eq!(anthropic.tokens, Some(Quota { limit: 30_000, remaining: 29_000, reset: Duration::ZERO }));
@@ -259,11 +272,11 @@ mod tests {
                 ("x-ratelimit-remaining-tokens", "0"),
                 ("anthropic-ratelimit-requests-limit", "99999999999999999999"),
             ]),
-            now,
+            || now,
         );
         assert!(odd.is_empty(), "{odd:?}");
         let over =
-            read(&headers(&[("x-ratelimit-limit-requests", "10"), ("x-ratelimit-remaining-requests", "50")]), now);
+            read(&headers(&[("x-ratelimit-limit-requests", "10"), ("x-ratelimit-remaining-requests", "50")]), || now);
         assert_eq!(over.requests.map(|q| q.remaining), Some(10));
         let far = read(
             &headers(&[
@@ -271,10 +284,10 @@ mod tests {
                 ("x-ratelimit-remaining-requests", "0"),
                 ("x-ratelimit-reset-requests", "99999999h"),
             ]),
-            now,
+            || now,
         );
         assert_eq!(far.requests.map(|q| q.reset), Some(LONGEST_HINT));
-        assert!(read(&headers(&[("content-type", "application/json")]), now).is_empty());
+        assert!(read(&headers(&[("content-type", "application/json")]), || now).is_empty());
     }
 
     #[test]
@@ -290,7 +303,7 @@ mod tests {
                 ("anthropic-ratelimit-unified-7d-reset", &at(86_400)),
                 ("anthropic-ratelimit-unified-7d-status", "rejected"),
             ]),
-            now,
+            || now,
         );
         let [short, long] = claude.windows;
         let short = short.unwrap();
@@ -306,7 +319,7 @@ mod tests {
                 ("x-codex-secondary-window-minutes", "10080"),
                 ("x-codex-secondary-reset-after-seconds", "7200"),
             ]),
-            now,
+            || now,
         );
         let [primary, secondary] = codex.windows;
         assert_eq!(primary.unwrap().used, 0.425);
@@ -321,7 +334,7 @@ mod tests {
                 ("anthropic-ratelimit-unified-7d-utilization", "7"),
                 ("anthropic-ratelimit-unified-7d-reset", "1"),
             ]),
-            now,
+            || now,
         );
         assert_eq!(odd.windows[0], None);
         let long = odd.windows[1].unwrap();

@@ -176,9 +176,8 @@ pub struct Limiter {
     /// toss lost is a refusal. Grows by [`margin_step`], up to
     /// [`margin_cap`]; never shrinks (a delay a little long costs little).
     margin_us: std::sync::atomic::AtomicU64,
-    /// Slow start while the cap is unknown and no refusal has taught it
-    /// (`None`: a declared cap, learning off, or learned).
-    window: Mutex<Option<SlowStart>>,
+    /// Slow start while the cap is unknown and no refusal has taught it.
+    slow: SlowStart,
     /// An answer came back (see [`LimitConfig::prove_first`]).
     proven: std::sync::atomic::AtomicBool,
     queue: Mutex<Queue>,
@@ -278,8 +277,10 @@ impl Permit {
 impl Permit {
     /// Applies what its answer advertised (success or refusal alike) to
     /// the upstream's advertised buckets: the next requests are paced to
-    /// them. With shared state, to this replica's share.
-    pub fn observe(&self, advert: &crate::classify::advertised::Advert) {
+    /// them. With shared state, to this replica's share. `model` is the
+    /// name its request was sent with (the scope of OpenAI's and
+    /// Anthropic's rate limits).
+    pub fn observe(&self, advert: &crate::classify::advertised::Advert, model: &str) {
         if advert.is_empty() {
             return;
         }
@@ -290,7 +291,7 @@ impl Permit {
         };
         let now = Instant::now();
         limiter.windows.observe(&advert.windows, now);
-        let Some(scope) = &self.scope else { return };
+        let scope = self.scope.clone().unwrap_or_else(|| limiter.advertised.of(model));
         for ((quota, pacer), ticket) in [advert.requests, advert.tokens].iter().zip(scope.iter()).zip(self.tickets) {
             if let Some(quota) = quota {
                 pacer.observe(*quota, (ticket, self.granted), share, now);
@@ -364,13 +365,36 @@ impl Drop for Permit {
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-/// Slow start's state (see the module docs).
-#[derive(Debug, Clone, Copy)]
+/// Slow start's state (see the module docs): atomics, as every answer
+/// and every slot taken reads it.
+#[derive(Debug)]
 struct SlowStart {
-    /// Requests let in at once.
-    window: f64,
+    /// Requests let in at once; 0: over (a declared cap, learning off,
+    /// or a cap learned).
+    window: AtomicU32,
     /// The most requests at once the provider is known to have accepted.
-    proven: u32,
+    proven: AtomicU32,
+}
+
+impl SlowStart {
+    /// The window, while slow start lasts.
+    fn window(&self) -> Option<u32> {
+        match self.window.load(Ordering::Acquire) {
+            0 => None,
+            w => Some(w),
+        }
+    }
+
+    /// Widens the window to `to` if slow start lasts and it is narrower;
+    /// whether it grew.
+    fn widen(&self, to: u32) -> bool {
+        self.window.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| (w != 0 && to > w).then_some(to)).is_ok()
+    }
+
+    /// Ends slow start; whether it was on.
+    fn end(&self) -> bool {
+        self.window.swap(0, Ordering::AcqRel) != 0
+    }
 }
 
 /// Slow start's first window for an upstream of unknown size that is not
@@ -413,7 +437,7 @@ struct RateHold<'a> {
     asked: u64,
     /// Tickets of the advertised buckets (requests, tokens).
     tickets: [Option<u64>; 2],
-    scope: Arc<Buckets>,
+    scope: Option<Arc<Buckets>>,
 }
 
 impl RateHold<'_> {
@@ -422,7 +446,7 @@ impl RateHold<'_> {
     /// tickets go to the permit.
     fn keep(mut self) -> ([Option<u64>; 2], Option<Arc<Buckets>>) {
         self.reserved = [None; 2];
-        (std::mem::take(&mut self.tickets), Some(self.scope.clone()))
+        (std::mem::take(&mut self.tickets), self.scope.take())
     }
 }
 
@@ -434,7 +458,9 @@ impl Drop for RateHold<'_> {
                 self.limiter.unreserve(what, cost, shared_store);
             }
         }
-        for ((ticket, pacer), cost) in self.tickets.iter().zip(self.scope.iter()).zip([1, self.asked]) {
+        for ((ticket, pacer), cost) in
+            self.tickets.iter().zip(self.scope.iter().flat_map(|s| s.iter())).zip([1, self.asked])
+        {
             if ticket.is_some() {
                 pacer.unreserve(cost);
             }
@@ -474,9 +500,9 @@ impl Limiter {
         let start = f64::from(config.max_concurrent.unwrap_or(config.adaptive_max).max(1));
         let unknown = config.max_concurrent.is_none() && config.adaptive;
         let first = if config.prove_first { 1.0 } else { INITIAL_WINDOW.min(start) };
-        let window = unknown.then_some(SlowStart { window: first, proven: 0 });
+        let window = if unknown { first.max(1.0) as u32 } else { 0 };
         Arc::new_cyclic(|me| Self {
-            window: Mutex::new(window),
+            slow: SlowStart { window: AtomicU32::new(window), proven: AtomicU32::new(0) },
             me: me.clone(),
             rpm: config.rpm.map(|n| Gcra::new(n, minute)),
             tpm: config.tpm.map(|n| Gcra::new(n, minute)),
@@ -525,8 +551,8 @@ impl Limiter {
         if !self.proven.load(Ordering::Acquire) {
             return 1;
         }
-        if let Some(slow) = self.window.lock().ok().and_then(|w| *w) {
-            limit = limit.min(slow.window as u32).max(1);
+        if let Some(window) = self.slow.window() {
+            limit = limit.min(window).max(1);
         }
         match self.ceiling.load(Ordering::Acquire) {
             0 => limit,
@@ -580,13 +606,16 @@ impl Limiter {
     /// request goes on to hold a slot.
     async fn rate_wait(&self, model: &str, (tokens, asked): (u64, u64), now: Instant) -> (Duration, RateHold<'_>) {
         let mut wait = Duration::ZERO;
-        let scope = self.advertised.of(model);
-        let mut hold = RateHold { limiter: self, tokens, reserved: [None; 2], asked, tickets: [None; 2], scope };
-        for (i, (pacer, cost)) in hold.scope.clone().iter().zip([1, asked]).enumerate() {
-            if let Some((paced, ticket)) = pacer.reserve(cost, now) {
-                hold.tickets[i] = Some(ticket);
-                wait = wait.max(paced);
+        let scope = self.advertised.told(model);
+        let mut hold = RateHold { limiter: self, tokens, reserved: [None; 2], asked, tickets: [None; 2], scope: None };
+        if let Some(scope) = scope {
+            for (i, (pacer, cost)) in scope.iter().zip([1, asked]).enumerate() {
+                if let Some((paced, ticket)) = pacer.reserve(cost, now) {
+                    hold.tickets[i] = Some(ticket);
+                    wait = wait.max(paced);
+                }
             }
+            hold.scope = Some(scope);
         }
         for (i, (what, bucket, limit, cost)) in
             [(Bucket::Rpm, &self.rpm, self.config.rpm, 1), (Bucket::Tpm, &self.tpm, self.config.tpm, tokens)]
@@ -675,7 +704,7 @@ impl Limiter {
         // In slow start the store keeps one window for every replica
         // until one learns the cap: what any replica's answers prove, all
         // replicas' requests count (see `shared::SLOW_START`).
-        let slow = self.window.lock().is_ok_and(|w| w.is_some());
+        let slow = self.slow.window().is_some();
         let first = if slow { self.first_window() as u32 } else { 0 };
         match shared.state.acquire(&shared.upstream, (self.cap() as u32, first), deadline).await {
             SharedSlot::Leased(lease, limit, level) => {
@@ -787,9 +816,7 @@ impl Limiter {
         // The shared limit is lowered when the refused attempt's permit
         // drops (see [`Permit::refused_for_concurrency`]). Slow start
         // ends: the limit is what was accepted from now on.
-        if let Ok(mut window) = self.window.lock() {
-            *window = None;
-        }
+        self.slow.end();
         let now = Instant::now();
         if let Ok(mut refused) = self.refused.lock() {
             let level = match *refused {
@@ -847,13 +874,14 @@ impl Limiter {
         if !self.config.adaptive {
             return;
         }
-        self.grow_window(level);
+        let ceiling = self.growth_ceiling(Instant::now());
+        self.grow_window(level, ceiling);
+        let slow = self.slow.window().is_some();
         if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up())
-            && self.window.lock().is_ok_and(|w| w.is_some())
+            && slow
         {
             let (state, upstream, me) = (shared.state.clone(), shared.upstream.clone(), self.me.clone());
-            let (first, most) =
-                (self.first_window() as u32, self.growth_ceiling(Instant::now()).min(f64::from(u32::MAX)) as u32);
+            let (first, most) = (self.first_window() as u32, ceiling.min(f64::from(u32::MAX)) as u32);
             let waiting = self.queue.lock().map_or(0, |q| q.fair.len());
             self.tasks.spawn(async move {
                 let window = state.slow_start(&upstream, first, level, most, waiting).await;
@@ -862,7 +890,6 @@ impl Limiter {
                 }
             });
         }
-        let slow = self.window.lock().is_ok_and(|w| w.is_some());
         if let Some(shared) = self.shared.as_ref().filter(|s| s.state.is_up() && !slow) {
             let below = shared.limit.lock().ok().and_then(|l| *l).is_some_and(|l| l < self.cap());
             if below {
@@ -875,7 +902,6 @@ impl Limiter {
                 });
             }
         }
-        let ceiling = self.growth_ceiling(Instant::now());
         if let Ok(mut eff) = self.effective.lock()
             && *eff < ceiling
         {
@@ -888,27 +914,18 @@ impl Limiter {
     /// one more waiter in; one that came with room to spare says nothing
     /// of the cap, so a quiet upstream's window does not grow into a
     /// crowd released later at once.
-    fn grow_window(&self, level: u32) {
-        // Past slow start (a declared or learned cap): nothing to lock.
-        if self.window.lock().map_or(true, |w| w.is_none()) {
+    fn grow_window(&self, level: u32, ceiling: f64) {
+        // Past slow start (a declared or learned cap): nothing to do.
+        let Some(window) = self.slow.window() else { return };
+        let proven = self.slow.proven.fetch_max(level, Ordering::AcqRel).max(level);
+        let full = self.slots.taken() >= window || self.queue.lock().is_ok_and(|q| !q.fair.is_empty());
+        if !full {
             return;
         }
-        let waiting = self.queue.lock().map_or(0, |q| q.fair.len());
-        let taken = self.slots.taken();
-        let cap = self.growth_ceiling(Instant::now());
-        let grew = {
-            let Ok(mut window) = self.window.lock() else { return };
-            let Some(slow) = window.as_mut() else { return };
-            slow.proven = slow.proven.max(level);
-            let full = waiting > 0 || f64::from(taken) >= slow.window.floor();
-            let before = slow.window;
-            if full {
-                let ahead = (f64::from(slow.proven) / 4.0).floor().max(1.0);
-                slow.window = (slow.window + 1.0).min(f64::from(slow.proven) + ahead).min(cap).max(before);
-            }
-            slow.window > before
-        };
-        if grew {
+        let ahead = (proven / 4).max(1);
+        let to =
+            window.saturating_add(1).min(proven.saturating_add(ahead)).min(ceiling.min(f64::from(u32::MAX)) as u32);
+        if self.slow.widen(to) {
             self.dispatch();
         }
     }
@@ -922,20 +939,8 @@ impl Limiter {
     /// many from now on (`0`: another replica learned the cap, slow start
     /// is over here too).
     fn widen_window(&self, window: f64) {
-        let grew = {
-            let Ok(mut slow) = self.window.lock() else { return };
-            match slow.as_mut() {
-                Some(_) if window <= 0.0 => {
-                    *slow = None;
-                    true
-                }
-                Some(s) if window > s.window => {
-                    s.window = window;
-                    true
-                }
-                _ => false,
-            }
-        };
+        let grew =
+            if window <= 0.0 { self.slow.end() } else { self.slow.widen(window.min(f64::from(u32::MAX)) as u32) };
         if grew {
             self.dispatch();
         }

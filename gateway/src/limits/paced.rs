@@ -51,13 +51,23 @@ pub type Buckets = [Pacer; 2];
 /// two answers, never a wait the provider did not ask for.
 #[derive(Debug, Default)]
 pub struct Scopes {
+    /// An answer advertised something: until then, a request costs an
+    /// atomic load here.
+    told: AtomicBool,
     list: Mutex<Vec<(Box<str>, Arc<Buckets>)>>,
 }
 
 impl Scopes {
+    /// The buckets of `model` for a request, once the upstream has
+    /// advertised anything (`None` before: nothing to pace to).
+    pub fn told(&self, model: &str) -> Option<Arc<Buckets>> {
+        self.told.load(Ordering::Acquire).then(|| self.of(model))
+    }
+
     /// The buckets of `model` (created empty: no pacing until an answer
-    /// of that model advertises something).
+    /// of that model advertises something), for an answer's figures.
     pub fn of(&self, model: &str) -> Arc<Buckets> {
+        self.told.store(true, Ordering::Release);
         let Ok(mut list) = self.list.lock() else { return Arc::default() };
         if let Some((_, b)) = list.iter().find(|(m, _)| &**m == model) {
             return b.clone();

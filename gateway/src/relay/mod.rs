@@ -259,7 +259,7 @@ async fn attempts(job: &Job) -> Relayed {
         // back whole (a retried request reserves again for its next try).
         permit.settle(0);
         if let Some((parts, _)) = &buffered {
-            permit.observe(&advertised::read(&parts.headers, jiff::Timestamp::now()));
+            permit.observe(&advertised::read(&parts.headers, jiff::Timestamp::now), run.targets.model(ti, run.job));
         }
         // What the answer says of the upstream first (a lowered limit, a
         // bench), then the slot: a request waiting for it sees the news.
@@ -539,7 +539,7 @@ impl<'a> Run<'a> {
     ) -> Relayed {
         let upstream = self.upstream(ti);
         if let Answer::Stream(parts, _) | Answer::Verbatim { parts, .. } = &answer {
-            permit.observe(&advertised::read(&parts.headers, jiff::Timestamp::now()));
+            permit.observe(&advertised::read(&parts.headers, jiff::Timestamp::now), self.targets.model(ti, self.job));
         }
         upstream.limiter.on_success(permit.level());
         upstream.health.on_success();
