@@ -198,6 +198,109 @@ impl Redis {
     }
 }
 
+/// A Redis Cluster of three masters (no replicas) on loopback, made of
+/// Debian's `redis-server` with `cluster-enabled yes` and joined by
+/// `redis-cli --cluster create`; stopped when dropped.
+#[allow(dead_code)]
+pub struct RedisCluster {
+    pub ports: Vec<u16>,
+    children: Vec<std::process::Child>,
+    _dir: tempfile::TempDir,
+}
+
+#[allow(dead_code)]
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        ensure_redis_server();
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<u16> =
+            (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+        let mut children = Vec::new();
+        for port in &ports {
+            let node_dir = dir.path().join(port.to_string());
+            std::fs::create_dir_all(&node_dir).unwrap();
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                .arg("--dir")
+                .arg(&node_dir)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run redis-server ({e})"));
+            children.push(child);
+        }
+        let cluster = RedisCluster { ports, children, _dir: dir };
+        for port in &cluster.ports {
+            let listening = (0..300).any(|_| {
+                std::net::TcpStream::connect(("127.0.0.1", *port)).is_ok()
+                    || (std::thread::sleep(Duration::from_millis(10)), false).1
+            });
+            assert!(listening, "redis-server did not listen on {port}");
+        }
+        let nodes: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let created = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e})"));
+        assert!(created.success(), "redis-cli --cluster create failed");
+        // Every node must agree before a client can rely on the slot map.
+        for port in &cluster.ports {
+            let ok = (0..500).any(|_| {
+                let info =
+                    std::process::Command::new("redis-cli").args(["-p", &port.to_string(), "cluster", "info"]).output();
+                let ok = info.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"));
+                if !ok {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                ok
+            });
+            assert!(ok, "the cluster's node {port} never reported cluster_state:ok");
+        }
+        cluster
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("redis+cluster://{}/", nodes.join(","))
+    }
+
+    /// The node that serves `key`'s slot (each node's `myself` line of
+    /// `CLUSTER NODES` lists its slot ranges).
+    pub fn node_of(&self, key: &str) -> u16 {
+        let cli = |port: u16, args: &[&str]| {
+            let out = std::process::Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).output();
+            String::from_utf8_lossy(&out.unwrap().stdout).to_string()
+        };
+        let slot: u16 = cli(self.ports[0], &["cluster", "keyslot", key]).trim().parse().unwrap();
+        for port in &self.ports {
+            let nodes = cli(*port, &["cluster", "nodes"]);
+            let Some(me) = nodes.lines().find(|l| l.contains("myself")) else { continue };
+            for range in me.split_whitespace().skip(8) {
+                let (start, end) = range.split_once('-').unwrap_or((range, range));
+                if let (Ok(start), Ok(end)) = (start.parse::<u16>(), end.parse::<u16>())
+                    && (start..=end).contains(&slot)
+                {
+                    return *port;
+                }
+            }
+        }
+        panic!("no node serves slot {slot}");
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Installs Debian's `redis-server` once if it is not on PATH, so `cargo
 /// test` passes on a fresh machine by itself (as root, like CI; otherwise
 /// the failure says what to install).

@@ -190,10 +190,13 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
     let otel = raw.otel.as_ref().map(|o| otel(o, problems));
     let state = match raw.state.as_deref() {
         None | Some("") | Some("memory") => None,
-        Some(url) => match url::Url::parse(url) {
-            Ok(u) if matches!(u.scheme(), "redis" | "rediss") && u.host().is_some() => Some(Secret::new(url)),
-            _ => {
-                problems.push("state: not a URL like redis://127.0.0.1:6379/0 (or `memory`)".into());
+        Some(url) => match crate::shared::check_url(url) {
+            Ok(()) => Some(Secret::new(url)),
+            Err(why) => {
+                problems.push(format!(
+                    "state: {why}: a URL like redis://127.0.0.1:6379/0, valkey://…, \
+                     redis+cluster://10.0.0.1:6379,10.0.0.2:6379/ (or `memory`)"
+                ));
                 None
             }
         },

@@ -34,7 +34,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{PushInfo, PushKind, Script, Value};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
@@ -42,6 +41,10 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::health::HoldKind;
+
+mod conn;
+use conn::Conn;
+pub use conn::check_url;
 
 /// Every key starts with this, then `{upstream}`.
 const PREFIX: &str = "tidegate";
@@ -165,8 +168,9 @@ return 1
 /// without client keys). Nil when a turn is missing (the conversation is
 /// no longer whole) or is not the owner's: a turn written before owners
 /// were kept has none, so only a deployment without client keys reads it. The keys are found by
-/// walking the chain, so they cannot all be declared: one Redis, not a
-/// cluster (as for every key here).
+/// walking the chain, so they cannot all be declared: on a cluster (where
+/// a script reaches only its declared keys' slot) the same walk is done
+/// a turn at a time ([`SharedState::kept_walk`]).
 const KEPT: &str = r"
 local id = ARGV[2]
 local out = {}
@@ -258,7 +262,7 @@ local left = tonumber(redis.call('PTTL', KEYS[1]))
 if left < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
 end
-redis.call('PUBLISH', KEYS[2], ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[3])
 return 1
 ";
 
@@ -368,7 +372,7 @@ impl Bucket {
 
 /// The connection to the shared store and what rides on it.
 pub struct SharedState {
-    conn: ConnectionManager,
+    conn: Conn,
     up: AtomicBool,
     ttl: Duration,
     health_channel: String,
@@ -495,18 +499,8 @@ impl SharedState {
     /// Connects lazily to `url` for these upstream names; must run inside
     /// a tokio runtime (it starts the message and rejoin tasks).
     pub fn start(url: &str, ttl: Duration, upstreams: &[String]) -> Result<Arc<Self>, SharedError> {
-        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| SharedError(e.to_string()))?;
-        let settings = info.redis_settings().clone().set_protocol(redis::ProtocolVersion::RESP3);
-        let client = redis::Client::open(info.set_redis_settings(settings)).map_err(|e| SharedError(e.to_string()))?;
         let (push_tx, push_rx) = mpsc::unbounded_channel::<PushInfo>();
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(TIMEOUT))
-            .set_response_timeout(Some(TIMEOUT))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1))
-            .set_push_sender(push_tx)
-            .set_automatic_resubscription();
-        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| SharedError(e.to_string()))?;
+        let conn = Conn::open(url, TIMEOUT, push_tx)?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let keys: Vec<Arc<Keys>> = upstreams.iter().map(|u| Arc::new(Keys::new(PREFIX, u))).collect();
         let state = Arc::new(SharedState {
@@ -738,11 +732,14 @@ impl SharedState {
         let Some(keys) = self.upstreams.get(upstream) else { return };
         let ms = left.as_millis().max(1) as u64;
         let mut inv = self.scripts.health.prepare_invoke();
-        inv.key(keys.health(kind)).key(&self.health_channel).arg(kind.as_str()).arg(ms).arg(format!(
+        // The channel is an argument, not a key: in a cluster a script's
+        // keys share one slot, and a channel is no key.
+        inv.key(keys.health(kind)).arg(kind.as_str()).arg(ms).arg(format!(
             "{}|{}|{ms}|{upstream}",
             self.replica,
             kind.as_str()
         ));
+        inv.arg(&self.health_channel);
         let _ = self.call::<i64>(inv).await;
     }
 
@@ -779,9 +776,14 @@ impl SharedState {
     /// answers, oldest first), if every turn of it is still kept and is
     /// `owner`'s (empty: a deployment without client keys).
     pub async fn kept(&self, id: &str, ttl: Duration, owner: &str) -> Option<Vec<serde_json::Value>> {
-        let mut inv = self.scripts.kept.prepare_invoke();
-        inv.arg(format!("{PREFIX}:kept:")).arg(id).arg(ttl.as_millis() as u64).arg(MAX_TURNS).arg(owner);
-        let turns = self.call_within::<Option<Vec<String>>>(inv, KEPT_TIMEOUT, false).await??;
+        let turns = if self.conn.is_cluster() {
+            let walk = self.kept_walk(id, ttl, owner);
+            tokio::time::timeout(KEPT_TIMEOUT, walk).await.ok()??
+        } else {
+            let mut inv = self.scripts.kept.prepare_invoke();
+            inv.arg(format!("{PREFIX}:kept:")).arg(id).arg(ttl.as_millis() as u64).arg(MAX_TURNS).arg(owner);
+            self.call_within::<Option<Vec<String>>>(inv, KEPT_TIMEOUT, false).await??
+        };
         let mut items = Vec::new();
         for turn in turns.iter().rev() {
             match serde_json::from_str::<Vec<serde_json::Value>>(turn) {
@@ -790,6 +792,39 @@ impl SharedState {
             }
         }
         Some(items)
+    }
+
+    /// [`KEPT`]'s walk a turn at a time, for a cluster: each turn is one
+    /// key (in its own slot), read and renewed in one round trip.
+    async fn kept_walk(&self, id: &str, ttl: Duration, owner: &str) -> Option<Vec<String>> {
+        if !self.is_up() {
+            return None;
+        }
+        let mut conn = self.conn.clone();
+        let (mut id, mut out) = (id.to_string(), Vec::new());
+        for _ in 0..MAX_TURNS {
+            let key = format!("{PREFIX}:kept:{id}");
+            let mut pipe = redis::pipe();
+            pipe.cmd("HMGET").arg(&key).arg("previous").arg("items").arg("owner");
+            pipe.cmd("PEXPIRE").arg(&key).arg(ttl.as_millis() as u64).ignore();
+            let (turn,): ((Option<String>, Option<String>, Option<String>),) = match pipe.query_async(&mut conn).await {
+                Ok(turn) => turn,
+                Err(err) => {
+                    self.down(&err);
+                    return None;
+                }
+            };
+            let (previous, items, turn_owner) = turn;
+            if turn_owner.as_deref().unwrap_or_default() != owner {
+                return None;
+            }
+            out.push(items?);
+            match previous.filter(|p| !p.is_empty()) {
+                Some(p) => id = p,
+                None => return Some(out),
+            }
+        }
+        None
     }
 
     /// The upstream that holds `id` (of `kind`, see [`SharedState::pin`]),
