@@ -164,6 +164,55 @@ async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
     assert!(most <= 4, "the upstream saw {most} at once after Redis returned");
 }
 
+/// While Redis is down, each of two replicas keeps to its share of an
+/// rpm bucket too (20 a minute: 10 each at once, not 20 each): together
+/// they do not send the provider twice its rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_keep_to_their_share_of_a_rate_while_redis_is_down() {
+    let mut redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { latency_ms: 10, ..Default::default() })]);
+    let rated =
+        |addr: &str| config(addr, &redis.url(), &sim, ", rpm: 20").replace("max_concurrent: 3", "max_concurrent: 50");
+    let a = gateway(&rated("127.0.0.1:0")).await;
+    let b = gateway(&rated("127.0.0.1:0")).await;
+    let (a_base, b_base) = (format!("http://{}", a.addr), format!("http://{}", b.addr));
+    for base in [&a_base, &b_base] {
+        wait_shared(base, true).await;
+        for _ in 0..200 {
+            if upstreams(base).await["upstreams"][0]["shared_replicas"] == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(upstreams(base).await["upstreams"][0]["shared_replicas"], 2, "{base}");
+    }
+    redis.stop();
+    // A request on each notices the store is gone.
+    for base in [&a_base, &b_base] {
+        assert_eq!(ask(base, "capped", Some("10s")).await.status(), 200);
+    }
+    wait_shared(&a_base, false).await;
+    wait_shared(&b_base, false).await;
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let base = if i % 2 == 0 { a_base.clone() } else { b_base.clone() };
+            tokio::spawn(async move { ask(&base, "capped", Some("2s")).await.status().as_u16() })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    let served = statuses.iter().filter(|s| **s == 200).count();
+    assert!(statuses.iter().all(|s| matches!(s, 200 | 429 | 504)), "{statuses:?}");
+    // 20 a minute shared by two: 10 each at once (less the one each that
+    // noticed the outage), and none more within the 2 s deadline (the
+    // bucket refills one every 6 s for each).
+    assert!(served <= 20, "{served} served: each replica took the whole bucket: {statuses:?}");
+    assert!(served >= 16, "{served} served: less than its share while Redis is down: {statuses:?}");
+    assert_eq!(sim.state.received().len(), served + 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_replicas_slots_free_within_the_lease_ttl() {
     let redis = Redis::start();

@@ -213,30 +213,43 @@ impl RedisCluster {
     pub fn start() -> RedisCluster {
         ensure_redis_server();
         let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<u16> =
-            (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
-        let mut children = Vec::new();
-        for port in &ports {
-            let node_dir = dir.path().join(port.to_string());
-            std::fs::create_dir_all(&node_dir).unwrap();
-            let child = std::process::Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-                .arg("--dir")
-                .arg(&node_dir)
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot run redis-server ({e})"));
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (mut ports, mut children) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            // A port and a bus port (`--cluster-port`: not port + 10000,
+            // which may be out of range or in use), tried again if the
+            // server does not come up on them (another process took one).
+            let started = (0..5).find_map(|_| {
+                let (port, bus) = (free(), free());
+                let node_dir = dir.path().join(port.to_string());
+                std::fs::create_dir_all(&node_dir).unwrap();
+                let mut child = std::process::Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                    .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                    .args(["--cluster-port", &bus.to_string()])
+                    .arg("--dir")
+                    .arg(&node_dir)
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("cannot run redis-server ({e})"));
+                for _ in 0..500 {
+                    if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                        return Some((port, child));
+                    }
+                    if child.try_wait().ok().flatten().is_some() {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                None
+            });
+            let (port, child) = started.expect("a cluster node did not start in 5 tries");
+            ports.push(port);
             children.push(child);
         }
         let cluster = RedisCluster { ports, children, _dir: dir };
-        for port in &cluster.ports {
-            let listening = (0..300).any(|_| {
-                std::net::TcpStream::connect(("127.0.0.1", *port)).is_ok()
-                    || (std::thread::sleep(Duration::from_millis(10)), false).1
-            });
-            assert!(listening, "redis-server did not listen on {port}");
-        }
         let nodes: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let created = std::process::Command::new("redis-cli")
             .args(["--cluster", "create"])

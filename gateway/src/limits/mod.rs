@@ -433,6 +433,9 @@ struct RateHold<'a> {
     tokens: u64,
     /// Per bucket (rpm, tpm): reserved, and whether in the shared store.
     reserved: [Option<bool>; 2],
+    /// Per bucket: how many times the local bucket counted the cost (the
+    /// replicas, while the store is down).
+    scale: [u64; 2],
     /// The client's token estimate, as the advertised bucket took it.
     asked: u64,
     /// Tickets of the advertised buckets (requests, tokens).
@@ -453,9 +456,9 @@ impl RateHold<'_> {
 impl Drop for RateHold<'_> {
     fn drop(&mut self) {
         let costs = [(Bucket::Rpm, 1), (Bucket::Tpm, self.tokens)];
-        for (reserved, (what, cost)) in self.reserved.iter().zip(costs) {
+        for ((reserved, scale), (what, cost)) in self.reserved.iter().zip(self.scale).zip(costs) {
             if let Some(shared_store) = *reserved {
-                self.limiter.unreserve(what, cost, shared_store);
+                self.limiter.unreserve(what, cost.saturating_mul(scale), shared_store);
             }
         }
         for ((ticket, pacer), cost) in
@@ -607,7 +610,15 @@ impl Limiter {
     async fn rate_wait(&self, model: &str, (tokens, asked): (u64, u64), now: Instant) -> (Duration, RateHold<'_>) {
         let mut wait = Duration::ZERO;
         let scope = self.advertised.told(model);
-        let mut hold = RateHold { limiter: self, tokens, reserved: [None; 2], asked, tickets: [None; 2], scope: None };
+        let mut hold = RateHold {
+            limiter: self,
+            tokens,
+            reserved: [None; 2],
+            scale: [1; 2],
+            asked,
+            tickets: [None; 2],
+            scope: None,
+        };
         if let Some(scope) = scope {
             for (i, (pacer, cost)) in scope.iter().zip([1, asked]).enumerate() {
                 if let Some((paced, ticket)) = pacer.reserve(cost, now) {
@@ -623,12 +634,19 @@ impl Limiter {
                 .enumerate()
         {
             let (Some(bucket), Some(limit)) = (bucket, limit) else { continue };
-            let shared = match &self.shared {
-                Some(s) => s.state.reserve(&s.upstream, what, cost, limit, MINUTE).await,
-                None => None,
+            let (shared, scale) = match &self.shared {
+                Some(s) => match s.state.reserve(&s.upstream, what, cost, limit, MINUTE).await {
+                    Some(wait) => (Some(wait), 1),
+                    // The store is down: this replica keeps to its share
+                    // of the bucket (each request counts once per replica
+                    // last seen), as it does of a concurrency limit.
+                    None => (None, u64::from(s.state.replicas().max(1))),
+                },
+                None => (None, 1),
             };
             hold.reserved[i] = Some(shared.is_some());
-            wait = wait.max(shared.unwrap_or_else(|| bucket.reserve(cost, now)));
+            hold.scale[i] = scale;
+            wait = wait.max(shared.unwrap_or_else(|| bucket.reserve(cost.saturating_mul(scale), now)));
         }
         (wait, hold)
     }
