@@ -136,7 +136,8 @@ pub fn read(headers: &HeaderMap, clock: impl Fn() -> Timestamp) -> Advert {
     // The clock is read once, and only if a figure is a time.
     let at = std::cell::OnceCell::new();
     let now = || *at.get_or_init(&clock);
-    let mut any = false;
+    // A header that may be one of these was seen (else: nothing to build).
+    let mut maybe = false;
     let (mut requests, mut tokens, mut input) = (Parts::default(), Parts::default(), Parts::default());
     let mut windows = [WindowParts::default(), WindowParts::default()];
     for (name, value) in headers {
@@ -145,7 +146,7 @@ pub fn read(headers: &HeaderMap, clock: impl Fn() -> Timestamp) -> Advert {
         if name.len() < 12 || !matches!(name.as_bytes()[0], b'x' | b'a') {
             continue;
         }
-        any = true;
+        maybe = true;
         if let Some(rest) = name.strip_prefix("anthropic-ratelimit-unified-") {
             let Some((which, field)) = rest.split_once('-') else { continue };
             let w = match which {
@@ -206,7 +207,7 @@ pub fn read(headers: &HeaderMap, clock: impl Fn() -> Timestamp) -> Advert {
             _ => {}
         }
     }
-    if !any {
+    if !maybe {
         return Advert::default();
     }
     Advert {
