@@ -64,16 +64,6 @@ async fn wait_shared(base: &str) {
     panic!("{base} did not join the cluster: {}", upstreams(base).await);
 }
 
-async fn ask(base: &str, model: &str, deadline: Option<&str>) -> reqwest::Response {
-    let mut req = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .body(format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#));
-    if let Some(d) = deadline {
-        req = req.header("x-tidegate-deadline", d);
-    }
-    req.send().await.unwrap()
-}
-
 /// A replica in this process and one as its own `tidegate serve`, both on
 /// the cluster: 40 requests over both replicas to each of two upstreams
 /// (capped at 3, their keys on different nodes): neither upstream ever
@@ -95,7 +85,7 @@ async fn replicas_on_a_cluster_hold_each_upstreams_cap() {
         .map(|i| {
             let base = if i % 2 == 0 { a_base.clone() } else { b_base.clone() };
             let model = if i % 4 < 2 { "capped" } else { "other" };
-            tokio::spawn(async move { ask(&base, model, None).await.status().as_u16() })
+            tokio::spawn(async move { ask_chat(&base, model, None).await.status().as_u16() })
         })
         .collect();
     let mut statuses = Vec::new();
@@ -130,7 +120,7 @@ async fn a_retry_after_reaches_the_other_replica_through_the_cluster() {
     let (a_base, b_base) = (format!("http://{}", a.addr), format!("http://{}", b.addr));
     wait_shared(&a_base).await;
     wait_shared(&b_base).await;
-    assert_eq!(ask(&a_base, "limited", Some("1s")).await.status(), 429);
+    assert_eq!(ask_chat(&a_base, "limited", Some("1s")).await.status(), 429);
     let mut state = Value::Null;
     for _ in 0..100 {
         state = upstreams(&b_base).await;
@@ -140,7 +130,7 @@ async fn a_retry_after_reaches_the_other_replica_through_the_cluster() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(state["upstreams"][0]["health"]["state"], "cooling_down", "B heard of A's Retry-After: {state}");
-    assert_eq!(ask(&b_base, "limited", Some("1s")).await.status(), 429, "B holds off too");
+    assert_eq!(ask_chat(&b_base, "limited", Some("1s")).await.status(), 429, "B holds off too");
     assert_eq!(sim.state.received().len(), 1, "only A's request reached the upstream");
 }
 
@@ -150,29 +140,11 @@ async fn a_retry_after_reaches_the_other_replica_through_the_cluster() {
 #[tokio::test]
 async fn translated_conversations_are_kept_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let chat = tidegate_simulate::Simulator::start(
-        "127.0.0.1:0".parse().unwrap(),
-        tidegate_simulate::SimConfig { chat_only: true, record: true, ..Default::default() },
-    )
-    .unwrap();
-    let replica = format!(
-        "listen: 127.0.0.1:0\njournal: \"off\"\nadmin_key: {ADMIN}\nstate: {}\n\
-         upstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\n\
-         models:\n  m: {{ targets: [{{ upstream: chat }}] }}\n",
-        cluster.url(),
-        chat.openai_url()
-    );
+    let (chat, replica) = chat_only_replica(&cluster.url(), ADMIN);
     let (one, two) = (gateway(&replica).await, gateway(&replica).await);
     for gw in [&one, &two] {
         wait_shared(&format!("http://{}", gw.addr)).await;
     }
-    let turn = |gw: &tidegate::server::Running, input: &str, previous: Option<&str>| {
-        let mut body = serde_json::json!({"model": "m", "input": input});
-        if let Some(p) = previous {
-            body["previous_response_id"] = p.into();
-        }
-        client().post(url(gw, "/v1/responses")).json(&body).send()
-    };
     // Turns are written in the background: continue each (bounded) once
     // the other replica can read it back.
     let mut previous: Option<String> = None;
@@ -181,7 +153,7 @@ async fn translated_conversations_are_kept_on_a_cluster() {
         let gw = if i % 2 == 0 { &one } else { &two };
         let mut answer = None;
         for _ in 0..100 {
-            let resp = turn(gw, input, previous.as_deref()).await.unwrap();
+            let resp = responses_turn(gw, input, previous.as_deref()).await;
             if resp.status() == 200 {
                 answer = Some(resp.json::<Value>().await.unwrap());
                 break;

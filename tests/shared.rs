@@ -66,14 +66,27 @@ async fn wait_shared(base: &str, up: bool) {
     panic!("{base} did not report shared={up}");
 }
 
-async fn ask(base: &str, model: &str, deadline: Option<&str>) -> reqwest::Response {
-    let mut req = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .body(format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#));
-    if let Some(d) = deadline {
-        req = req.header("x-tidegate-deadline", d);
+/// A request on each replica notices the store is gone; each then
+/// reports it.
+async fn notice_store_down(bases: &[&str]) {
+    for base in bases {
+        assert_eq!(ask_chat(base, "capped", Some("10s")).await.status(), 200);
     }
-    req.send().await.unwrap()
+    for base in bases {
+        wait_shared(base, false).await;
+    }
+}
+
+/// Waits (bounded) until the replica at `base` counts `n` replicas
+/// sharing the store (a heartbeat a second).
+async fn wait_replicas(base: &str, n: u32) {
+    for _ in 0..200 {
+        if upstreams(base).await["upstreams"][0]["shared_replicas"] == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(upstreams(base).await["upstreams"][0]["shared_replicas"], n, "{base}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -85,7 +98,7 @@ async fn two_replicas_hold_one_cap_of_three() {
     let tasks: Vec<_> = (0..40)
         .map(|i| {
             let base = if i % 2 == 0 { a_base.clone() } else { b_base.clone() };
-            tokio::spawn(async move { ask(&base, "capped", None).await.status().as_u16() })
+            tokio::spawn(async move { ask_chat(&base, "capped", None).await.status().as_u16() })
         })
         .collect();
     let mut statuses = Vec::new();
@@ -121,26 +134,15 @@ async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
     let (_a, a_base, _b, b_base) = two_replicas(&redis, &sim).await;
     // Each has seen both alive (a heartbeat a second).
     for base in [&a_base, &b_base] {
-        for _ in 0..200 {
-            if upstreams(base).await["upstreams"][0]["shared_replicas"] == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert_eq!(upstreams(base).await["upstreams"][0]["shared_replicas"], 2, "{base}");
+        wait_replicas(base, 2).await;
     }
     redis.stop();
-    // A request on each notices the store is gone.
-    for base in [&a_base, &b_base] {
-        assert_eq!(ask(base, "capped", Some("10s")).await.status(), 200);
-    }
-    wait_shared(&a_base, false).await;
-    wait_shared(&b_base, false).await;
+    notice_store_down(&[&a_base, &b_base]).await;
     let burst = |n: usize| -> Vec<tokio::task::JoinHandle<u16>> {
         (0..n)
             .map(|i| {
                 let base = if i % 2 == 0 { a_base.clone() } else { b_base.clone() };
-                tokio::spawn(async move { ask(&base, "capped", None).await.status().as_u16() })
+                tokio::spawn(async move { ask_chat(&base, "capped", None).await.status().as_u16() })
             })
             .collect()
     };
@@ -178,25 +180,14 @@ async fn two_replicas_keep_to_their_share_of_a_rate_while_redis_is_down() {
     let (a_base, b_base) = (format!("http://{}", a.addr), format!("http://{}", b.addr));
     for base in [&a_base, &b_base] {
         wait_shared(base, true).await;
-        for _ in 0..200 {
-            if upstreams(base).await["upstreams"][0]["shared_replicas"] == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert_eq!(upstreams(base).await["upstreams"][0]["shared_replicas"], 2, "{base}");
+        wait_replicas(base, 2).await;
     }
     redis.stop();
-    // A request on each notices the store is gone.
-    for base in [&a_base, &b_base] {
-        assert_eq!(ask(base, "capped", Some("10s")).await.status(), 200);
-    }
-    wait_shared(&a_base, false).await;
-    wait_shared(&b_base, false).await;
+    notice_store_down(&[&a_base, &b_base]).await;
     let tasks: Vec<_> = (0..40)
         .map(|i| {
             let base = if i % 2 == 0 { a_base.clone() } else { b_base.clone() };
-            tokio::spawn(async move { ask(&base, "capped", Some("2s")).await.status().as_u16() })
+            tokio::spawn(async move { ask_chat(&base, "capped", Some("2s")).await.status().as_u16() })
         })
         .collect();
     let mut statuses = Vec::new();
@@ -222,7 +213,7 @@ async fn a_killed_replicas_slots_free_within_the_lease_ttl() {
     let _held: Vec<_> = (0..3)
         .map(|_| {
             let base = b_base.clone();
-            tokio::spawn(async move { ask(&base, "slow", None).await })
+            tokio::spawn(async move { ask_chat(&base, "slow", None).await })
         })
         .collect();
     eventually("B holds all three slots", || sim.state.in_flight.load(Ordering::SeqCst) == 3).await;
@@ -237,7 +228,7 @@ async fn a_killed_replicas_slots_free_within_the_lease_ttl() {
     b.child.kill().unwrap(); // SIGKILL: no chance to give anything back
     b.child.wait().unwrap();
     let killed = Instant::now();
-    let resp = ask(&a_base, "capped", Some("10s")).await;
+    let resp = ask_chat(&a_base, "capped", Some("10s")).await;
     let waited = killed.elapsed();
     assert_eq!(resp.status(), 200);
     assert!(waited >= Duration::from_millis(500), "A got a slot while B's leases were live ({waited:?})");
@@ -253,14 +244,14 @@ async fn redis_down_means_local_limits_and_back_means_shared() {
     wait_shared(&base, true).await;
     redis.stop();
     for _ in 0..5 {
-        assert_eq!(ask(&base, "capped", Some("5s")).await.status(), 200, "serving goes on without Redis");
+        assert_eq!(ask_chat(&base, "capped", Some("5s")).await.status(), 200, "serving goes on without Redis");
     }
     wait_shared(&base, false).await;
     // Local limits still hold: 3 at a time.
     let tasks: Vec<_> = (0..6)
         .map(|_| {
             let base = base.clone();
-            tokio::spawn(async move { ask(&base, "slow", None).await.status().as_u16() })
+            tokio::spawn(async move { ask_chat(&base, "slow", None).await.status().as_u16() })
         })
         .collect();
     for t in tasks {
@@ -272,7 +263,7 @@ async fn redis_down_means_local_limits_and_back_means_shared() {
     wait_shared(&base, true).await;
     let slow = tokio::spawn({
         let base = base.clone();
-        async move { ask(&base, "slow", None).await.status().as_u16() }
+        async move { ask_chat(&base, "slow", None).await.status().as_u16() }
     });
     let mut conn = redis.conn().await;
     let mut leases = 0u32;
@@ -298,7 +289,7 @@ async fn one_replicas_retry_after_makes_the_other_hold_off() {
     wait_shared(&a_base, true).await;
     wait_shared(&b_base, true).await;
 
-    let first = ask(&a_base, "limited", Some("1s")).await;
+    let first = ask_chat(&a_base, "limited", Some("1s")).await;
     assert_eq!(first.status(), 429, "A: the wait asked for is beyond its deadline");
     let mut state = Value::Null;
     for _ in 0..100 {
@@ -310,7 +301,7 @@ async fn one_replicas_retry_after_makes_the_other_hold_off() {
     }
     assert_eq!(state["upstreams"][0]["health"]["state"], "cooling_down", "B heard of A's Retry-After: {state}");
     assert!(state["upstreams"][0]["health"]["for_ms"].as_u64().unwrap() > 3000, "{state}");
-    let second = ask(&b_base, "limited", Some("1s")).await;
+    let second = ask_chat(&b_base, "limited", Some("1s")).await;
     assert_eq!(second.status(), 429, "B holds off too");
     let retry_after: u64 = second.headers()["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((3..=5).contains(&retry_after), "B passes on the remaining wait: {retry_after}");
@@ -331,12 +322,12 @@ async fn a_flood_on_one_replica_does_not_starve_the_other() {
     let flood: Vec<_> = (0..25)
         .map(|_| {
             let base = a_base.clone();
-            tokio::spawn(async move { ask(&base, "capped", Some("30s")).await.status().as_u16() })
+            tokio::spawn(async move { ask_chat(&base, "capped", Some("30s")).await.status().as_u16() })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let asked = Instant::now();
-    assert_eq!(ask(&b_base, "capped", Some("30s")).await.status(), 200);
+    assert_eq!(ask_chat(&b_base, "capped", Some("30s")).await.status(), 200);
     let b_waited = asked.elapsed();
     for t in flood {
         assert_eq!(t.await.unwrap(), 200);
@@ -362,10 +353,10 @@ async fn rate_buckets_and_the_learned_limit_are_shared() {
     wait_shared(&a_base, true).await;
     wait_shared(&b_base, true).await;
     for _ in 0..4 {
-        assert_eq!(ask(&a_base, "slow", Some("5s")).await.status(), 200);
+        assert_eq!(ask_chat(&a_base, "slow", Some("5s")).await.status(), 200);
     }
     let started = Instant::now();
-    let fifth = ask(&b_base, "slow", Some("2s")).await;
+    let fifth = ask_chat(&b_base, "slow", Some("2s")).await;
     assert_eq!(fifth.status(), 504, "B's bucket is A's: the fifth request of the minute cannot start within 2 s");
     assert!(started.elapsed() < Duration::from_millis(1500), "answered at once, not after waiting in vain");
 
@@ -381,7 +372,7 @@ async fn rate_buckets_and_the_learned_limit_are_shared() {
     let burst: Vec<_> = (0..8)
         .map(|_| {
             let base = c_base.clone();
-            tokio::spawn(async move { ask(&base, "capped", Some("20s")).await.status().as_u16() })
+            tokio::spawn(async move { ask_chat(&base, "capped", Some("20s")).await.status().as_u16() })
         })
         .collect();
     for t in burst {
@@ -391,7 +382,7 @@ async fn rate_buckets_and_the_learned_limit_are_shared() {
     let limit: String = redis::cmd("GET").arg("tidegate:{sim}:limit").query_async(&mut conn).await.unwrap();
     let limit: f64 = limit.parse().unwrap();
     assert!(limit < 8.0, "the shared limit was lowered from 8: {limit}");
-    assert_eq!(ask(&d_base, "capped", Some("5s")).await.status(), 200);
+    assert_eq!(ask_chat(&d_base, "capped", Some("5s")).await.status(), 200);
     let state = upstreams(&d_base).await;
     let seen = state["upstreams"][0]["effective_limit"].as_u64().unwrap();
     assert!(seen < 8, "D uses the limit C learned: {state}");
@@ -491,30 +482,12 @@ async fn stored_response_pins_are_shared_between_replicas() {
 #[tokio::test]
 async fn translated_conversations_are_kept_for_every_replica() {
     let redis = Redis::start();
-    let chat = tidegate_simulate::Simulator::start(
-        "127.0.0.1:0".parse().unwrap(),
-        tidegate_simulate::SimConfig { chat_only: true, record: true, ..Default::default() },
-    )
-    .unwrap();
-    let replica = format!(
-        "listen: 127.0.0.1:0\njournal: \"off\"\nadmin_key: {ADMIN}\nstate: {}\n\
-         upstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\n\
-         models:\n  m: {{ targets: [{{ upstream: chat }}] }}\n",
-        redis.url(),
-        chat.openai_url()
-    );
+    let (chat, replica) = chat_only_replica(&redis.url(), ADMIN);
     let (one, two) = (gateway(&replica).await, gateway(&replica).await);
     for gw in [&one, &two] {
         wait_shared(&format!("http://{}", gw.addr), true).await;
     }
     let mut conn = redis.conn().await;
-    let turn = |gw: &tidegate::server::Running, input: &str, previous: Option<&str>| {
-        let mut body = serde_json::json!({"model": "m", "input": input});
-        if let Some(p) = previous {
-            body["previous_response_id"] = p.into();
-        }
-        client().post(url(gw, "/v1/responses")).json(&body).send()
-    };
     let sent_roles = || {
         let sent: Value = serde_json::from_slice(&chat.state.received().pop().unwrap().body).unwrap();
         let roles: Vec<String> =
@@ -539,14 +512,14 @@ async fn translated_conversations_are_kept_for_every_replica() {
         panic!("turn {id} never reached Redis");
     }
 
-    let first = turn(&one, "hello", None).await.unwrap();
+    let first = responses_turn(&one, "hello", None).await;
     assert_eq!(first.status(), 200);
     let id1 = first.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
     let (previous, items) = stored(&mut conn, &id1).await;
     assert_eq!(previous, "", "a first turn continues nothing");
     assert!(items.contains("hello"), "{items}");
 
-    let second = turn(&two, "more", Some(&id1)).await.unwrap();
+    let second = responses_turn(&two, "more", Some(&id1)).await;
     assert_eq!(second.status(), 200, "replica two reads replica one's turn back");
     let id2 = second.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
     let (roles, sent) = sent_roles();
@@ -557,7 +530,7 @@ async fn translated_conversations_are_kept_for_every_replica() {
     assert_eq!(previous, id1, "the second turn links to the first");
     assert!(!items.contains("hello"), "each turn is stored once, not its whole history: {items}");
 
-    let third = turn(&one, "and more", Some(&id2)).await.unwrap();
+    let third = responses_turn(&one, "and more", Some(&id2)).await;
     assert_eq!(third.status(), 200, "replica one reads the chain of both turns back");
     let (roles, sent) = sent_roles();
     assert_eq!(roles, ["user", "assistant", "user", "assistant", "user"], "{sent}");
@@ -569,7 +542,7 @@ async fn translated_conversations_are_kept_for_every_replica() {
     let three = gateway(&replica).await;
     wait_shared(&format!("http://{}", three.addr), true).await;
     let before = chat.state.received().len();
-    let refused = turn(&three, "again", Some(&id2)).await.unwrap();
+    let refused = responses_turn(&three, "again", Some(&id2)).await;
     assert_eq!(refused.status(), 404);
     let v: Value = refused.json().await.unwrap();
     assert_eq!(v["error"]["code"], "previous_response_not_found", "{v}");

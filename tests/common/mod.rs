@@ -198,6 +198,48 @@ impl Redis {
     }
 }
 
+/// A chat completion of `model` at `base`, with an optional
+/// `x-tidegate-deadline`.
+#[allow(dead_code)]
+pub async fn ask_chat(base: &str, model: &str, deadline: Option<&str>) -> reqwest::Response {
+    let mut req = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .body(format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#));
+    if let Some(d) = deadline {
+        req = req.header("x-tidegate-deadline", d);
+    }
+    req.send().await.unwrap()
+}
+
+/// A chat-only provider (stores nothing) and a replica's config that
+/// reaches it for model `m` with shared state `state`: what a translated
+/// Responses conversation kept in the store is tested with.
+#[allow(dead_code)]
+pub fn chat_only_replica(state: &str, admin: &str) -> (Simulator, String) {
+    let chat = Simulator::start(
+        "127.0.0.1:0".parse().unwrap(),
+        SimConfig { chat_only: true, record: true, ..Default::default() },
+    )
+    .unwrap();
+    let config = format!(
+        "listen: 127.0.0.1:0\njournal: \"off\"\nadmin_key: {admin}\nstate: {state}\n\
+         upstreams:\n  - {{ name: chat, protocol: openai-chat, base_url: \"{}\", api_key: k }}\n\
+         models:\n  m: {{ targets: [{{ upstream: chat }}] }}\n",
+        chat.openai_url()
+    );
+    (chat, config)
+}
+
+/// One Responses turn of model `m` on `gw`, continuing `previous`.
+#[allow(dead_code)]
+pub async fn responses_turn(gw: &Running, input: &str, previous: Option<&str>) -> reqwest::Response {
+    let mut body = serde_json::json!({"model": "m", "input": input});
+    if let Some(p) = previous {
+        body["previous_response_id"] = p.into();
+    }
+    client().post(url(gw, "/v1/responses")).json(&body).send().await.unwrap()
+}
+
 /// A Redis Cluster of three masters (no replicas) on loopback, made of
 /// Debian's `redis-server` with `cluster-enabled yes` and joined by
 /// `redis-cli --cluster create`; stopped when dropped.
@@ -320,15 +362,18 @@ impl Drop for RedisCluster {
 fn ensure_redis_server() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
-        let found = std::process::Command::new("redis-server").arg("--version").output().is_ok();
+        // `redis-cli` makes the cluster of `tests/cluster.rs`.
+        let found = ["redis-server", "redis-cli"]
+            .iter()
+            .all(|tool| std::process::Command::new(tool).arg("--version").output().is_ok());
         if found {
             return;
         }
-        eprintln!("redis-server not found: installing Debian's redis-server package for the shared-state tests");
+        eprintln!("redis-server or redis-cli not found: installing Debian's redis-server and redis-tools for the shared-state tests");
         let status = std::process::Command::new("sh")
             .args([
                 "-c",
-                "(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >&2",
+                "(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools) >&2",
             ])
             .status();
         if !status.is_ok_and(|s| s.success()) {
