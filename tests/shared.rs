@@ -152,9 +152,10 @@ async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
     }
     within_cap(&sim, before);
     // Redis returns empty while both replicas have requests in flight:
-    // every request still succeeds. For the moment one replica's requests
-    // taken during the outage run on, unknown to the new Redis, the other
-    // may hold the whole shared cap: at most one over it (README: Replicas).
+    // every request still succeeds, and the leases taken during the outage
+    // are adopted by the new Redis before either replica counts it as up,
+    // so neither takes the whole cap on top of the other's (it was cap + 1
+    // before they were).
     let running = burst(8);
     tokio::time::sleep(Duration::from_millis(100)).await;
     redis.restart();
@@ -163,7 +164,112 @@ async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
         assert_eq!(t.await.unwrap(), 200);
     }
     let most = sim.state.max_in_flight_of("capped");
-    assert!(most <= 4, "the upstream saw {most} at once after Redis returned");
+    assert!(most <= 3, "the upstream saw {most} at once after Redis returned");
+    assert_eq!(sim.state.rejected.load(Ordering::SeqCst), before, "refused over its cap after Redis returned");
+}
+
+/// When the store goes away while one replica holds every slot, the other
+/// sends nothing on top of those requests: it keeps below the cap minus
+/// the leases it last saw the others hold, until they may have ended
+/// (their TTL). Before, it took its share (1 of 3) at once: 4 at the
+/// upstream, one refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn when_the_store_goes_the_slots_another_replica_holds_are_not_exceeded() {
+    let mut redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 1500, ..Default::default() })]);
+    let (_a, a_base, _b, b_base) = two_replicas(&redis, &sim).await;
+    for base in [&a_base, &b_base] {
+        wait_replicas(base, 2).await;
+    }
+    let on_a: Vec<_> = (0..3)
+        .map(|_| {
+            let base = a_base.clone();
+            tokio::spawn(async move { ask_chat(&base, "capped", None).await.status().as_u16() })
+        })
+        .collect();
+    // B reads the leases held with its renewals (every third of the 2 s
+    // TTL): it has seen A's three by now.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    redis.stop();
+    let on_b: Vec<_> = (0..2)
+        .map(|_| {
+            let base = b_base.clone();
+            tokio::spawn(async move { ask_chat(&base, "capped", Some("20s")).await.status().as_u16() })
+        })
+        .collect();
+    for t in on_a.into_iter().chain(on_b) {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    within_cap(&sim, 0);
+}
+
+/// A store that stops answering without closing its socket (SIGSTOP: slow,
+/// not gone) trips the store's breaker within a second: no request waits
+/// on it much more than the 50 ms budget, limits go on as shares, and the
+/// breaker closes once the store answers fast again; both ends are rows
+/// of the journal's `events` table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_store_trips_its_breaker_within_a_second_and_both_ends_are_journaled() {
+    let redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 50, ..Default::default() })]);
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.db");
+    let yaml = config("127.0.0.1:0", &redis.url(), &sim, "")
+        .replace("journal: \"off\"", &format!("journal: \"{}\"", journal.display()));
+    let a = gateway(&yaml).await;
+    let base = format!("http://{}", a.addr);
+    wait_shared(&base, true).await;
+    redis.pause();
+    let paused = Instant::now();
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let base = base.clone();
+            tokio::spawn(async move {
+                let mut slowest = Duration::ZERO;
+                while paused.elapsed() < Duration::from_millis(1500) {
+                    let t0 = Instant::now();
+                    assert_eq!(ask_chat(&base, "capped", Some("10s")).await.status(), 200);
+                    slowest = slowest.max(t0.elapsed());
+                }
+                slowest
+            })
+        })
+        .collect();
+    let mut tripped = None;
+    while paused.elapsed() < Duration::from_secs(3) {
+        if upstreams(&base).await["upstreams"][0]["shared"] == false {
+            tripped = Some(paused.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tripped = tripped.expect("the breaker never tripped on a store that stopped answering");
+    assert!(tripped <= Duration::from_secs(1), "tripped {tripped:?} after the store stopped answering");
+    for c in clients {
+        let slowest = c.await.unwrap();
+        // 50 ms upstream + at most one 50 ms wait on the store (+ noise).
+        assert!(slowest < Duration::from_millis(400), "a request took {slowest:?} with the store stopped");
+    }
+    within_cap(&sim, 0);
+    redis.resume();
+    wait_shared(&base, true).await;
+    let mut events: Vec<(String, String)> = Vec::new();
+    for _ in 0..100 {
+        let db = rusqlite::Connection::open(&journal).unwrap();
+        events = db
+            .prepare("SELECT kind, detail FROM events ORDER BY ts_ms")
+            .and_then(|mut st| st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+            .unwrap_or_default();
+        if events.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0].0, "store_breaker_open");
+    assert!(events[0].1.contains("slow"), "{events:?}");
+    assert_eq!(events[1].0, "store_breaker_closed");
+    assert!(!events.iter().any(|(_, d)| d.contains("redis://")), "{events:?}");
 }
 
 /// While Redis is down, each of two replicas keeps to its share of an

@@ -34,7 +34,7 @@ use crate::pins::Pins;
 use crate::recent::Recent;
 use crate::report::Sink;
 use crate::retry::RetryBudget;
-use crate::shared::SharedState;
+use crate::shared::{SharedEvent, SharedState};
 use crate::upstream::{BuildError, Upstream};
 
 /// Everything a request needs, shared by all connections.
@@ -360,9 +360,19 @@ impl Live {
             while let Some(event) = events.recv().await {
                 let Some(live) = weak.upgrade() else { return };
                 let gw = live.load();
-                if let Some(u) = gw.upstreams.iter().find(|u| u.config.name == event.upstream) {
-                    tracing::info!(upstream = %event.upstream, kind = event.kind.as_str(), left_ms = event.left.as_millis() as u64, "another replica announced");
-                    u.health.absorb(event.kind, event.left, tokio::time::Instant::now());
+                match event {
+                    SharedEvent::Health(event) => {
+                        if let Some(u) = gw.upstreams.iter().find(|u| u.config.name == event.upstream) {
+                            tracing::info!(upstream = %event.upstream, kind = event.kind.as_str(), left_ms = event.left.as_millis() as u64, "another replica announced");
+                            u.health.absorb(event.kind, event.left, tokio::time::Instant::now());
+                        }
+                    }
+                    SharedEvent::Store(change) => {
+                        if let Some(journal) = &gw.sink.journal {
+                            let kind = if change.engaged { "store_breaker_open" } else { "store_breaker_closed" };
+                            journal.event(kind, &change.detail);
+                        }
+                    }
                 }
             }
         });

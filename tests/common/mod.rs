@@ -192,6 +192,24 @@ impl Redis {
         }
     }
 
+    /// Stops the server without closing its sockets (SIGSTOP): a store
+    /// that is slow, not gone; `resume` lets it go on.
+    #[allow(dead_code)]
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    #[allow(dead_code)]
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        let pid = self.child.as_ref().expect("redis-server running").id().to_string();
+        let status = std::process::Command::new("kill").args([which, &pid]).status().unwrap();
+        assert!(status.success(), "kill {which} {pid}");
+    }
+
     /// A plain connection for looking at the shared keys.
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url()).unwrap().get_multiplexed_async_connection().await.unwrap()

@@ -226,6 +226,20 @@ pub struct Retention {
     pub max_rows: u64,
 }
 
+/// What the writer stores: a request's row, or an event of the gateway.
+enum Entry {
+    Request(Record),
+    Event(Event),
+}
+
+/// An event of the gateway itself (see [`Journal::event`]).
+#[derive(Debug)]
+struct Event {
+    at_ms: i64,
+    kind: &'static str,
+    detail: String,
+}
+
 /// The upstream names of every config generation, by number.
 type Generations = Arc<std::sync::RwLock<Vec<Arc<[String]>>>>;
 
@@ -233,7 +247,7 @@ type Generations = Arc<std::sync::RwLock<Vec<Arc<[String]>>>>;
 #[derive(Clone)]
 pub struct Journal {
     generations: Generations,
-    tx: Sender<Record>,
+    tx: Sender<Entry>,
     dropped: Arc<AtomicU64>,
     path: Arc<PathBuf>,
     /// Rows handed to the writer, and rows it has written or dropped: a
@@ -265,7 +279,7 @@ impl Journal {
     /// commit" are far apart.
     fn gathering(path: &Path, retention: Retention, flush_after: Duration) -> Journal {
         crate::request_id::raise_floor(newest_key(path));
-        let (tx, rx) = channel::<Record>();
+        let (tx, rx) = channel::<Entry>();
         let dropped = Arc::new(AtomicU64::new(0));
         let (file, counter) = (path.to_path_buf(), dropped.clone());
         let done = Arc::new(AtomicU64::new(0));
@@ -349,7 +363,7 @@ impl Journal {
     pub fn record(&self, row: Record) {
         let sent = self.sent.load(Ordering::Relaxed);
         let waiting = sent.saturating_sub(self.done.load(Ordering::Acquire));
-        if waiting >= CHANNEL || self.tx.send(row).is_err() {
+        if waiting >= CHANNEL || self.tx.send(Entry::Request(row)).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -362,6 +376,23 @@ impl Journal {
             // the one row that makes GATHER would then wake nobody. (An
             // unpark of a thread not parked is an atomic store; a writer
             // already awake ends its next gathering early: harmless.)
+            writer.unpark();
+        }
+    }
+
+    /// Journals something the gateway itself did, that no request row
+    /// says (the shared store's breaker tripping or closing): a row of the
+    /// `events` table, `kind` and a sentence.
+    pub fn event(&self, kind: &'static str, detail: &str) {
+        let at_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let event = Event { at_ms, kind, detail: detail.to_owned() };
+        if self.tx.send(Entry::Event(event)).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.sent.fetch_add(1, Ordering::Release);
+        if let Some(writer) = &self.writer {
             writer.unpark();
         }
     }

@@ -5,7 +5,7 @@ use super::*;
 
 /// The journal's format; a file of an older one is set aside (see
 /// [`open`]).
-pub(super) const VERSION: i64 = 4;
+pub(super) const VERSION: i64 = 5;
 
 /// Requests are keyed by the first half of their id (time and a sequence,
 /// unique and growing: see [`crate::request_id`]) as SQLite's integer
@@ -56,6 +56,9 @@ pub(super) fn schema() -> String {
 }
 
 pub(super) const SCHEMA: &str = "
+-- What the gateway itself did that no request row says (the shared
+-- store's breaker tripping and closing), by time.
+CREATE TABLE IF NOT EXISTS events (ts_ms INTEGER NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS attempts (
     request_id INTEGER NOT NULL, n INTEGER NOT NULL,
     upstream TEXT NOT NULL, status INTEGER, class TEXT, summary TEXT NOT NULL, verdict TEXT NOT NULL,
@@ -110,6 +113,7 @@ pub(super) fn open(path: &Path) -> rusqlite::Result<Connection> {
                 "ALTER TABLE requests ADD COLUMN completion_from TEXT; DROP VIEW IF EXISTS requests_view;",
             )?;
         }
+        // Version 4 lacks the events table: `schema()` below adds it.
         // Version 3 (or 2) lacks the protocols and what translation
         // dropped: added (NULL in old rows), the view made anew.
         let has = |table: &str, column: &str| {

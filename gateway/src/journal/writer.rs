@@ -14,7 +14,7 @@ pub(super) fn run(
     generations: &Generations,
     retention: &Retention,
     flush_after: Duration,
-    rx: &Receiver<Record>,
+    rx: &Receiver<Entry>,
     dropped: &AtomicU64,
     done: &AtomicU64,
     hurry: &AtomicUsize,
@@ -36,13 +36,14 @@ pub(super) fn run(
         // row (or a flush) wakes it. A busy gateway commits a thousand rows
         // or more at once, a quiet one about once a second, and the writer
         // wakes once a commit, not every few milliseconds to look.
-        let mut batch = vec![first];
+        let (mut batch, mut events) = (Vec::new(), Vec::new());
+        take(first, &mut batch, &mut events);
         let gathering = Instant::now();
         loop {
             let mut connected = true;
-            while batch.len() < BATCH {
+            while batch.len() + events.len() < BATCH {
                 match rx.try_recv() {
-                    Ok(row) => batch.push(row),
+                    Ok(entry) => take(entry, &mut batch, &mut events),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => {
                         connected = false;
@@ -51,7 +52,9 @@ pub(super) fn run(
                 }
             }
             let waited = gathering.elapsed();
-            if batch.len() >= GATHER || waited >= flush_after || !connected || hurry.load(Ordering::Acquire) > 0 {
+            // An event is rare and worth seeing at once.
+            let now = batch.len() >= GATHER || !events.is_empty();
+            if now || waited >= flush_after || !connected || hurry.load(Ordering::Acquire) > 0 {
                 break;
             }
             std::thread::park_timeout(flush_after - waited);
@@ -67,32 +70,34 @@ pub(super) fn run(
                         tracing::warn!(path = %path.display(), error = %err, "journal unavailable: requests go on, rows are dropped");
                         warned = true;
                     }
-                    dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    done.fetch_add(batch.len() as u64, Ordering::Release);
+                    let entries = (batch.len() + events.len()) as u64;
+                    dropped.fetch_add(entries, Ordering::Relaxed);
+                    done.fetch_add(entries, Ordering::Release);
                     continue;
                 }
             }
         }
+        let entries = (batch.len() + events.len()) as u64;
         let Some(c) = conn.as_mut() else {
-            done.fetch_add(batch.len() as u64, Ordering::Release);
+            done.fetch_add(entries, Ordering::Release);
             continue;
         };
         // Requests end in a different order than they arrived; in key
         // order, the batch is appended at the B-tree's edge.
         batch.sort_unstable_by_key(|r| r.id.as_u64_pair().0);
         let names = generations.read().map(|g| g.clone()).unwrap_or_default();
-        match insert(c, &names, &batch) {
+        match insert(c, &names, &batch).and_then(|()| insert_events(c, &events)) {
             Ok(()) => {
                 written += batch.len() as u64;
                 rows += batch.len() as u64;
             }
             Err(err) => {
-                tracing::warn!(error = %err, rows = batch.len(), "journal write failed: rows dropped");
-                dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                tracing::warn!(error = %err, rows = entries, "journal write failed: rows dropped");
+                dropped.fetch_add(entries, Ordering::Relaxed);
                 conn = None;
             }
         }
-        done.fetch_add(batch.len() as u64, Ordering::Release);
+        done.fetch_add(entries, Ordering::Release);
         if written >= 10_000 {
             written = 0;
             if let Some(c) = conn.as_ref() {
@@ -103,6 +108,29 @@ pub(super) fn run(
             }
         }
     }
+}
+
+/// Sorts an entry into its batch.
+fn take(entry: Entry, batch: &mut Vec<Record>, events: &mut Vec<Event>) {
+    match entry {
+        Entry::Request(row) => batch.push(row),
+        Entry::Event(event) => events.push(event),
+    }
+}
+
+/// Stores the gateway's events (see [`Journal::event`]).
+fn insert_events(conn: &mut Connection, events: &[Event]) -> rusqlite::Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let tx = conn.transaction()?;
+    {
+        let mut stmt = tx.prepare_cached("INSERT INTO events (ts_ms, kind, detail) VALUES (?1, ?2, ?3)")?;
+        for e in events {
+            stmt.execute(params![e.at_ms, e.kind, e.detail])?;
+        }
+    }
+    tx.commit()
 }
 
 /// Rows per multi-row INSERT: one statement execution per 32 requests
@@ -251,5 +279,7 @@ pub(super) fn prune(conn: &Connection, retention: &Retention, rows: u64) -> rusq
         }
     }
     conn.execute("DELETE FROM attempts WHERE request_id < ?1", params![keep_from])?;
+    let events_from = now_ms - retention.max_age.as_millis() as i64;
+    conn.execute("DELETE FROM events WHERE ts_ms < ?1", params![events_from])?;
     Ok(conn.execute("DELETE FROM requests WHERE id < ?1", params![keep_from])? as u64)
 }

@@ -182,10 +182,9 @@ pub struct Limiter {
     proven: std::sync::atomic::AtomicBool,
     queue: Mutex<Queue>,
     shared: Option<Shared>,
-    /// Permits held that have no shared lease: taken while the shared
-    /// store was down. Until they are back, this replica keeps to its
-    /// share (see [`Limiter::effective_limit`]).
-    unleased: AtomicU32,
+    /// A dispatch is set for when the leases other replicas held as the
+    /// store went away may have ended (see [`Limiter::effective_limit`]).
+    kick: std::sync::atomic::AtomicBool,
     /// Requests that chose this upstream and have not yet taken (or given
     /// up) its slot: counted in [`Limiter::load`], so that two picks at
     /// once (one per runtime thread) do not both see the same account as
@@ -217,8 +216,6 @@ pub struct Permit {
     lease: Option<Lease>,
     shared: Option<SharedLease>,
     tokens: u64,
-    /// Counted in [`Limiter::unleased`] until dropped.
-    unleased: bool,
     /// Its slot was handed over by a delayed release (see
     /// [`Limiter::release_margin`]).
     after_delayed_release: bool,
@@ -350,9 +347,6 @@ impl Drop for Permit {
                     }
                 }
             });
-        }
-        if self.unleased {
-            self.limiter.unleased.fetch_sub(1, Ordering::AcqRel);
         }
         if let Some(lease) = self.lease.take() {
             // A refused request opened no session upstream: nothing to
@@ -520,7 +514,7 @@ impl Limiter {
             slots: MemorySlots::default(),
             tasks: TaskTracker::new(),
             shared,
-            unleased: AtomicU32::new(0),
+            kick: Default::default(),
             arriving: AtomicU32::new(0),
             config,
         })
@@ -540,19 +534,33 @@ impl Limiter {
     pub fn effective_limit(&self) -> u32 {
         let mut eff = self.effective.lock().map_or(self.cap(), |e| *e);
         let mut replicas = 1;
+        let mut others = 0;
         if let Some(shared) = &self.shared {
-            if shared.state.is_up()
-                && let Some(limit) = shared.limit.lock().ok().and_then(|l| *l)
-            {
+            let up = shared.state.is_up();
+            if up && let Some(limit) = shared.limit.lock().ok().and_then(|l| *l) {
                 eff = limit;
             }
-            if !shared.state.is_up() || self.unleased.load(Ordering::Acquire) > 0 {
+            if !up || shared.state.unadopted(&shared.upstream) > 0 {
                 replicas = shared.state.replicas();
             }
+            if !up {
+                let left;
+                (others, left) = shared.state.others_held(&shared.upstream);
+                if others > 0 {
+                    self.kick_after(left);
+                }
+            }
         }
-        let mut limit = ((eff.floor() as u32) / replicas).max(1);
+        let whole = eff.floor() as u32;
+        let mut limit = (whole / replicas).max(1);
+        if others > 0 {
+            // The store just went away with other replicas holding
+            // `others` leases: not above what they leave of the cap (0
+            // included), until they may have ended.
+            limit = limit.min(whole.saturating_sub(others));
+        }
         if !self.proven.load(Ordering::Acquire) {
-            return 1;
+            return limit.min(1);
         }
         if let Some(window) = self.slow.window() {
             limit = limit.min(window).max(1);
@@ -561,6 +569,22 @@ impl Limiter {
             0 => limit,
             ceiling => limit.min(ceiling),
         }
+    }
+
+    /// Hands free slots to waiters `after` from now (once at a time): a
+    /// limit held down until then rises without a slot given back.
+    fn kick_after(&self, after: Duration) {
+        if self.kick.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.me.clone();
+        self.tasks.spawn(async move {
+            tokio::time::sleep(after + Duration::from_millis(1)).await;
+            if let Some(me) = me.upgrade() {
+                me.kick.store(false, Ordering::Release);
+                me.dispatch();
+            }
+        });
     }
 
     /// Caps the limit at `ceiling` until lifted with `None` (a client key
@@ -714,43 +738,58 @@ impl Limiter {
         let asked = tokens;
         let tokens = self.tpm.as_ref().map_or(0, |tpm| tpm.bounded(tokens));
         let started = Instant::now();
-        let mut permit = self.acquire_local((who, model), (tokens, asked), deadline, started).await?;
-        // Only a counted limit has leases to share (rate buckets are
-        // shared in `rate_wait`).
-        let counted = self.config.max_concurrent.is_some() || self.config.adaptive;
-        let Some(shared) = self.shared.as_ref().filter(|_| counted) else { return Ok(permit) };
-        // In slow start the store keeps one window for every replica
-        // until one learns the cap: what any replica's answers prove, all
-        // replicas' requests count (see `shared::SLOW_START`).
-        let slow = self.slow.window().is_some();
-        let first = if slow { self.first_window() as u32 } else { 0 };
-        match shared.state.acquire(&shared.upstream, (self.cap() as u32, first), deadline).await {
-            SharedSlot::Leased(lease, limit, level) => {
-                permit.shared = Some(lease);
-                permit.level = level;
-                if slow {
-                    self.widen_window(f64::from(limit));
+        // Once more at most: a request that took its slot here as the
+        // store went away waits again under the share.
+        for again in [false, true] {
+            let mut permit = self.acquire_local((who, model), (tokens, asked), deadline, started).await?;
+            // Only a counted limit has leases to share (rate buckets are
+            // shared in `rate_wait`).
+            let counted = self.config.max_concurrent.is_some() || self.config.adaptive;
+            let Some(shared) = self.shared.as_ref().filter(|_| counted) else { return Ok(permit) };
+            // In slow start the store keeps one window for every replica
+            // until one learns the cap: what any replica's answers prove, all
+            // replicas' requests count (see `shared::SLOW_START`).
+            let slow = self.slow.window().is_some();
+            let first = if slow { self.first_window() as u32 } else { 0 };
+            match shared.state.acquire(&shared.upstream, (self.cap() as u32, first), deadline).await {
+                SharedSlot::Leased(lease, limit, level) => {
+                    permit.shared = Some(lease);
+                    permit.level = level;
+                    if slow {
+                        self.widen_window(f64::from(limit));
+                    }
+                    if let Ok(mut l) = shared.limit.lock() {
+                        // The script reports the whole number; keep the
+                        // fraction additive increase has reached if it agrees.
+                        let keep = l.filter(|old| old.floor() as u32 == limit);
+                        *l = Some(keep.unwrap_or(f64::from(limit)));
+                    }
+                    return Ok(permit);
                 }
-                if let Ok(mut l) = shared.limit.lock() {
-                    // The script reports the whole number; keep the
-                    // fraction additive increase has reached if it agrees.
-                    let keep = l.filter(|old| old.floor() as u32 == limit);
-                    *l = Some(keep.unwrap_or(f64::from(limit)));
+                SharedSlot::Outage(lease) => {
+                    // Its slot here was taken under the limit shared
+                    // across replicas, and the store has just gone away:
+                    // over this replica's share now, it waits again (its
+                    // tokens back first; a request unit stays spent).
+                    if !again && self.slots.taken() > self.effective_limit() {
+                        permit.settle(0);
+                        continue;
+                    }
+                    // This replica's own until the store has it again; until
+                    // then this replica keeps to its share.
+                    permit.shared = Some(lease);
+                    return Ok(permit);
                 }
-                Ok(permit)
-            }
-            SharedSlot::Unavailable => {
-                permit.unleased = true;
-                self.unleased.fetch_add(1, Ordering::AcqRel);
-                Ok(permit)
-            }
-            SharedSlot::Deadline => {
-                // Nothing was sent: the tokens come back whole.
-                permit.settle(0);
-                drop(permit);
-                Err(Refused::Deadline { waited: started.elapsed(), retry_after: Duration::from_secs(1) })
+                SharedSlot::Unavailable => return Ok(permit),
+                SharedSlot::Deadline => {
+                    // Nothing was sent: the tokens come back whole.
+                    permit.settle(0);
+                    drop(permit);
+                    return Err(Refused::Deadline { waited: started.elapsed(), retry_after: Duration::from_secs(1) });
+                }
             }
         }
+        Err(Refused::Deadline { waited: started.elapsed(), retry_after: Duration::from_secs(1) })
     }
 
     async fn acquire_local(
@@ -780,7 +819,6 @@ impl Limiter {
                     lease: Some(lease),
                     shared: None,
                     tokens,
-                    unleased: false,
                     after_delayed_release: false,
                     refusal: Refusal::None,
                     tickets,
@@ -1068,7 +1106,6 @@ impl Limiter {
                 lease: Some(lease),
                 shared: None,
                 tokens: 0,
-                unleased: false,
                 after_delayed_release,
                 refusal: Refusal::None,
                 tickets: [None; 2],

@@ -23,15 +23,23 @@
 //!   (and kept in keys that expire with them, read when a replica joins),
 //!   so one replica's `429 Retry-After: 5` makes the others hold off too.
 //!
-//! When Redis cannot be reached, every call fails fast (250 ms timeouts),
-//! tidegate logs it loudly once, sets `tidegate_upstream_state{what=
-//! "shared_state_up"}` to 0 and goes on with each replica's own limits; a
-//! background check rejoins when Redis answers again. The queue in front of
-//! the slots (order between client keys) stays in each process.
+//! The store is watched like an upstream, by a breaker: a request waits
+//! at most [`BUDGET`] (50 ms) for one call; an error, or [`SLOW_TRIP`]
+//! calls over the budget within a second, trips it. Tripped, tidegate logs
+//! it loudly once, journals it, sets `tidegate_upstream_state{what=
+//! "shared_state_up"}` to 0 and goes on with each replica's share of every
+//! limit; a probe every 250 ms closes it again after [`CLOSE_AFTER`] fast
+//! answers in a row (hysteresis: a store that answers one call in two
+//! does not flap), journaled too. On the way back every lease this
+//! replica holds, those taken meanwhile included, is put in the store
+//! before it counts as up ("adopted"), so a store that returns empty or
+//! not sees every request in flight and no cap is exceeded on rejoin. The
+//! queue in front of the slots (order between client keys) stays in each
+//! process.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::{PushInfo, PushKind, Script, Value};
@@ -50,8 +58,25 @@ pub use conn::check_url;
 const PREFIX: &str = "tidegate";
 /// Fallback wake-up of a shared waiter when no release message arrives.
 const POLL: Duration = Duration::from_millis(250);
-/// Longest wait for Redis on the request path before it counts as down.
+/// Longest a request waits on the store for one call: past it the call
+/// is given up (the request goes on with this replica's share) and counts
+/// as slow (see [`SLOW_TRIP`]).
+const BUDGET: Duration = Duration::from_millis(50);
+/// The client library's connection and response timeouts, and the wait
+/// of work off the request path (giving a lease back, renewals).
 const TIMEOUT: Duration = Duration::from_millis(250);
+/// Calls over [`BUDGET`] within [`SLOW_WINDOW`] that trip the store's
+/// breaker: a store that slows under load is left before it slows every
+/// request, one stray slow answer is not.
+const SLOW_TRIP: u32 = 3;
+const SLOW_WINDOW: Duration = Duration::from_secs(1);
+/// While tripped, the store is probed this often…
+const PROBE_EVERY: Duration = Duration::from_millis(250);
+/// …and rejoined after this many probes in a row answered within half
+/// the budget.
+const CLOSE_AFTER: u32 = 4;
+/// Most lease ids put back in one call (see [`RENEW_ALL`]).
+const RENEW_CHUNK: usize = 500;
 
 const ACQUIRE: &str = r"
 local t = redis.call('TIME')
@@ -105,10 +130,21 @@ redis.call('PUBLISH', KEYS[4], ARGV[1])
 
 const RELEASE: &str = concat!(release_lua!(), "return 1\n");
 
-const RENEW: &str = r"
+/// Renews this replica's leases of one upstream, and puts back those the
+/// store lost (it restarted empty, or a lease expired while the store or
+/// this replica stood still): every one is a request still running, so
+/// it counts. KEYS: leases; ARGV: ms to live, then the ids. Returns how
+/// many the store did not have, and the leases held across replicas.
+const RENEW_ALL: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[2]), ARGV[1])
+local expiry = now + tonumber(ARGV[1])
+local added = 0
+for i = 2, #ARGV do
+  added = added + redis.call('ZADD', KEYS[1], expiry, ARGV[i])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return {added, redis.call('ZCARD', KEYS[1])}
 ";
 
 /// GCRA reserve: ARGV cost, interval (ms per unit), burst (ms); returns
@@ -266,6 +302,26 @@ redis.call('PUBLISH', ARGV[4], ARGV[3])
 return 1
 ";
 
+/// What the shared store tells the gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedEvent {
+    /// Another replica's cooldown or open breaker.
+    Health(HealthEvent),
+    /// The store's breaker tripped or closed (the gateway journals it).
+    Store(StoreChange),
+}
+
+/// The store's breaker tripped (`engaged`: each replica keeps to its
+/// share of every limit from now on) or closed again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreChange {
+    /// Tripped (true) or closed (false).
+    pub engaged: bool,
+    /// Why it tripped (an error, or slow calls); on closing, how long
+    /// it was tripped and how many leases were adopted.
+    pub detail: String,
+}
+
 /// A cooldown or open breaker announced by another replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthEvent {
@@ -283,7 +339,7 @@ struct Scripts {
     acquire: Script,
     slow_start: Script,
     release: Script,
-    renew: Script,
+    renew_all: Script,
     gcra: Script,
     gcra_adjust: Script,
     lower: Script,
@@ -311,6 +367,57 @@ struct Keys {
     hold: String,
     open: String,
     wake: Notify,
+    /// The leases this replica holds on this upstream (see [`Live`]).
+    live: std::sync::Mutex<Live>,
+    /// Leases held without the store having them (taken while it was
+    /// down, not yet adopted): while any is, this replica keeps to its
+    /// share even with the store up.
+    unadopted: AtomicU32,
+    /// The leases held across replicas, and this replica's, as the store
+    /// last said (see [`SharedState::others_held`]).
+    seen: std::sync::Mutex<Option<Seen>>,
+}
+
+/// One replica's leases of one upstream, by id: whether the store has
+/// each (false: taken while it was down), and the longest any was held
+/// lately (how long another replica's requests may still run when the
+/// store goes away).
+#[derive(Debug, Default)]
+struct Live {
+    ids: HashMap<String, (bool, Instant)>,
+    /// Longest held in the current and the previous [`LONGEST_SPAN`].
+    longest: [Duration; 2],
+    span_from: Option<Instant>,
+}
+
+/// How long the longest lease held is remembered (two spans of it).
+const LONGEST_SPAN: Duration = Duration::from_secs(150);
+
+/// What the store said when a lease was last taken.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    held: u32,
+    mine: u32,
+    at: Instant,
+}
+
+impl Live {
+    fn note_held(&mut self, held: Duration, now: Instant) {
+        let from = *self.span_from.get_or_insert(now);
+        if now.saturating_duration_since(from) > LONGEST_SPAN {
+            self.longest = [Duration::ZERO, self.longest[0]];
+            self.span_from = Some(now);
+        }
+        self.longest[0] = self.longest[0].max(held);
+    }
+
+    fn longest(&self) -> Duration {
+        self.longest[0].max(self.longest[1])
+    }
+
+    fn in_store(&self) -> u32 {
+        self.ids.values().filter(|(stored, _)| *stored).count() as u32
+    }
 }
 
 impl Keys {
@@ -330,6 +437,64 @@ impl Keys {
             hold: key("hold"),
             open: key("open"),
             wake: Notify::new(),
+            live: Default::default(),
+            unadopted: AtomicU32::new(0),
+            seen: Default::default(),
+        }
+    }
+
+    /// Counts lease `id` as held, by the store or not.
+    fn hold(&self, id: &str, in_store: bool) {
+        if let Ok(mut live) = self.live.lock() {
+            live.ids.insert(id.to_owned(), (in_store, Instant::now()));
+            if !in_store {
+                self.unadopted.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Lease `id` ends; whether the store had it (then it must be given
+    /// back there).
+    fn forget(&self, id: &str) -> bool {
+        let Ok(mut live) = self.live.lock() else { return true };
+        let Some((in_store, since)) = live.ids.remove(id) else { return false };
+        let now = Instant::now();
+        live.note_held(now.saturating_duration_since(since), now);
+        if !in_store {
+            self.unadopted.fetch_sub(1, Ordering::AcqRel);
+        }
+        in_store
+    }
+
+    /// Whether the store has lease `id`.
+    fn is_stored(&self, id: &str) -> bool {
+        self.live.lock().is_ok_and(|l| l.ids.get(id).is_some_and(|(stored, _)| *stored))
+    }
+
+    /// Every lease id held now.
+    fn held_ids(&self) -> Vec<String> {
+        self.live.lock().map(|l| l.ids.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    /// The store has these leases now (still held ones are marked).
+    fn stored(&self, ids: &[String]) {
+        if let Ok(mut live) = self.live.lock() {
+            for id in ids {
+                if let Some((in_store, _)) = live.ids.get_mut(id)
+                    && !*in_store
+                {
+                    *in_store = true;
+                    self.unadopted.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
+    /// The store answered an acquire: `held` leases across replicas.
+    fn saw(&self, held: u32) {
+        let mine = self.live.lock().map_or(0, |l| l.in_store());
+        if let Ok(mut seen) = self.seen.lock() {
+            *seen = Some(Seen { held, mine, at: Instant::now() });
         }
     }
 
@@ -383,14 +548,32 @@ pub struct SharedState {
     upstreams: HashMap<String, Arc<Keys>>,
     /// The same, by release channel (for incoming messages).
     by_channel: HashMap<String, Arc<Keys>>,
-    events: std::sync::Mutex<Option<mpsc::UnboundedReceiver<HealthEvent>>>,
-    events_tx: mpsc::UnboundedSender<HealthEvent>,
+    events: std::sync::Mutex<Option<mpsc::UnboundedReceiver<SharedEvent>>>,
+    events_tx: mpsc::UnboundedSender<SharedEvent>,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// Short-lived work started on the request path (giving a lease or a
     /// waiting place back when its request ends), for shutdown to wait on.
     background: TaskTracker,
     /// Replicas seen sharing the store (see [`SharedState::replicas`]).
     replica_count: std::sync::Mutex<ReplicaCount>,
+    /// The store's breaker: slow calls lately, and since when it is
+    /// tripped.
+    breaker: std::sync::Mutex<Breaker>,
+    /// When the store last went away (ms after `epoch`, 0: up or never
+    /// joined), read on the request path.
+    down_at: AtomicU64,
+    epoch: Instant,
+}
+
+/// The store's breaker (see the module docs).
+#[derive(Debug, Default)]
+struct Breaker {
+    /// Slow calls since `window_from`.
+    slow: u32,
+    window_from: Option<Instant>,
+    /// Joined once: a later join closes a tripped breaker (journaled).
+    joined: bool,
+    tripped_at: Option<Instant>,
 }
 
 /// The replicas count as heartbeats read it, falling only slowly: a
@@ -442,44 +625,55 @@ fn lease_keys(inv: &mut redis::ScriptInvocation<'_>, keys: &Keys, id: &str) {
     inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.released).arg(id);
 }
 
-/// A shared concurrency lease; given back when dropped (in a task), and
-/// renewed until then.
+/// A shared concurrency lease; given back when dropped (in a task). The
+/// replica renews every lease it holds in one call per upstream (see
+/// [`watch`]). A lease taken while the store was away ([`SharedSlot::Outage`])
+/// is this replica's own until the store has it again ("adopted").
 pub struct SharedLease {
     spot: Spot,
-    renewer: JoinHandle<()>,
 }
 
 impl SharedLease {
     /// Gives the lease back now and waits until Redis has it (dropping the
     /// lease does the same in the background).
     pub async fn give_back(mut self) {
-        self.renewer.abort();
-        self.spot.armed = false;
-        self.spot.state.release(&self.spot.keys, &self.spot.id).await;
+        let (armed, in_store) = self.spot.disarm();
+        if armed || in_store {
+            self.spot.state.release(&self.spot.keys, &self.spot.id, in_store).await;
+        }
     }
 }
 
-impl Drop for SharedLease {
-    fn drop(&mut self) {
-        self.renewer.abort();
-    }
-}
-
-/// A lease or a place in the shared waiting line: while `armed`, dropping
-/// it removes it from Redis (in a task: drops cannot wait).
+/// A lease or a place in the shared waiting line: while `armed` (the
+/// store may have it) or `held` and in the store, dropping it removes it
+/// from Redis (in a task: drops cannot wait).
 struct Spot {
     state: Arc<SharedState>,
     keys: Arc<Keys>,
     id: String,
     armed: bool,
+    /// Counted among this replica's leases (see [`Live`]).
+    held: bool,
+}
+
+impl Spot {
+    /// Ends the spot here: whether it was armed, and whether the store
+    /// had it as a lease; either way it must be removed from the store.
+    fn disarm(&mut self) -> (bool, bool) {
+        let in_store = self.held && self.keys.forget(&self.id);
+        let armed = self.armed;
+        (self.armed, self.held) = (false, false);
+        (armed, in_store)
+    }
 }
 
 impl Drop for Spot {
     fn drop(&mut self) {
-        if self.armed {
+        let (armed, in_store) = self.disarm();
+        if armed || in_store {
             let (state, keys, id) = (self.state.clone(), self.keys.clone(), std::mem::take(&mut self.id));
             let background = self.state.background.clone();
-            background.spawn(async move { state.release(&keys, &id).await });
+            background.spawn(async move { state.release(&keys, &id, in_store).await });
         }
     }
 }
@@ -491,7 +685,10 @@ pub enum SharedSlot {
     Leased(SharedLease, u32, u32),
     /// The deadline came first.
     Deadline,
-    /// The store is unreachable: go on with local limits.
+    /// The store is away (or did not answer within the budget): go on
+    /// with this replica's share; the lease is adopted when it returns.
+    Outage(SharedLease),
+    /// The upstream is not shared.
     Unavailable,
 }
 
@@ -516,7 +713,7 @@ impl SharedState {
                 acquire: Script::new(ACQUIRE),
                 slow_start: Script::new(SLOW_START),
                 release: Script::new(RELEASE),
-                renew: Script::new(RENEW),
+                renew_all: Script::new(RENEW_ALL),
                 gcra: Script::new(GCRA),
                 gcra_adjust: Script::new(GCRA_ADJUST),
                 lower: Script::new(LOWER),
@@ -525,6 +722,9 @@ impl SharedState {
                 heartbeat: Script::new(HEARTBEAT),
             },
             replica_count: std::sync::Mutex::new(ReplicaCount::default()),
+            breaker: Default::default(),
+            down_at: AtomicU64::new(0),
+            epoch: Instant::now(),
             upstreams: keys.iter().map(|k| (k.name.clone(), k.clone())).collect(),
             by_channel: keys.iter().map(|k| (k.released.clone(), k.clone())).collect(),
             events: std::sync::Mutex::new(Some(events_rx)),
@@ -546,8 +746,9 @@ impl SharedState {
         &self.background
     }
 
-    /// Health events from other replicas; taken once by the gateway.
-    pub fn take_events(&self) -> Option<mpsc::UnboundedReceiver<HealthEvent>> {
+    /// Health events from other replicas and the store's breaker; taken
+    /// once by the gateway.
+    pub fn take_events(&self) -> Option<mpsc::UnboundedReceiver<SharedEvent>> {
         self.events.lock().ok().and_then(|mut e| e.take())
     }
 
@@ -575,24 +776,69 @@ impl SharedState {
         }
     }
 
-    fn down(&self, err: &redis::RedisError) {
+    /// Trips the store's breaker (once): from now on each replica keeps
+    /// to its share, until [`watch`] closes it.
+    fn down(&self, why: &str) {
         if self.up.swap(false, Ordering::AcqRel) {
-            tracing::error!(error = %err, "shared state (Redis) unreachable: every replica now applies its own limits only; will rejoin when it answers");
+            let now = Instant::now();
+            let since = now.saturating_duration_since(self.epoch).as_millis() as u64;
+            self.down_at.store(since.max(1), Ordering::Release);
+            if let Ok(mut b) = self.breaker.lock() {
+                b.tripped_at = Some(now);
+            }
+            tracing::error!(
+                why,
+                "shared state (Redis) breaker tripped: every replica now keeps to its share of each limit; will rejoin when the store answers fast again"
+            );
+            let _ = self.events_tx.send(SharedEvent::Store(StoreChange { engaged: true, detail: why.to_owned() }));
+        }
+    }
+
+    /// A call went over [`BUDGET`]: [`SLOW_TRIP`] of them within
+    /// [`SLOW_WINDOW`] trip the breaker.
+    fn slow_call(&self) {
+        let now = Instant::now();
+        let trip = self.breaker.lock().is_ok_and(|mut b| {
+            if b.window_from.is_none_or(|from| now.saturating_duration_since(from) > SLOW_WINDOW) {
+                b.window_from = Some(now);
+                b.slow = 0;
+            }
+            b.slow += 1;
+            b.slow >= SLOW_TRIP
+        });
+        if trip {
+            self.down(&format!(
+                "slow: {SLOW_TRIP} calls over {} ms within {} s",
+                BUDGET.as_millis(),
+                SLOW_WINDOW.as_secs()
+            ));
+        }
+    }
+
+    /// How long the store has been away (`None`: it is up, or was never
+    /// joined).
+    fn down_for(&self) -> Option<Duration> {
+        if self.is_up() {
+            return None;
+        }
+        match self.down_at.load(Ordering::Acquire) {
+            0 => None,
+            at => Some(Instant::now().saturating_duration_since(self.epoch + Duration::from_millis(at))),
         }
     }
 
     async fn call<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Option<T> {
-        self.call_within(inv, TIMEOUT * 2, true).await
+        self.call_within(inv, BUDGET, true).await
     }
 
-    /// A script call given `within`; an error marks the store down, a
-    /// timeout too when `late_is_down` (a slow answer to a large read is
-    /// that read failing, not the store).
+    /// A script call given `within`; an error trips the breaker, a
+    /// timeout counts as slow when `late_is_slow` (a slow answer to a
+    /// large read is that read failing, not the store).
     async fn call_within<T: redis::FromRedisValue>(
         &self,
         inv: redis::ScriptInvocation<'_>,
         within: Duration,
-        late_is_down: bool,
+        late_is_slow: bool,
     ) -> Option<T> {
         if !self.is_up() {
             return None;
@@ -601,16 +847,52 @@ impl SharedState {
         match tokio::time::timeout(within, inv.invoke_async::<T>(&mut conn)).await {
             Ok(Ok(v)) => Some(v),
             Ok(Err(err)) => {
-                self.down(&err);
+                self.down(&format!("unreachable: {err}"));
                 None
             }
             Err(_) => {
-                if late_is_down {
-                    self.down(&redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)));
+                if late_is_slow {
+                    self.slow_call();
                 }
                 None
             }
         }
+    }
+
+    /// Work off the request path (giving a lease back): tried even while
+    /// the breaker is tripped, since a store that is only slow still takes
+    /// it (it is queued on the connection), within [`TIMEOUT`].
+    async fn call_background(&self, inv: redis::ScriptInvocation<'_>) {
+        let mut conn = self.conn.clone();
+        if let Ok(Err(err)) = tokio::time::timeout(TIMEOUT, inv.invoke_async::<i64>(&mut conn)).await {
+            self.down(&format!("unreachable: {err}"));
+        }
+    }
+
+    /// Leases of `upstream` other replicas held when the store went away,
+    /// for as long as they may still run (a lease's TTL, or the longest a
+    /// lease was held here lately if longer): until then this replica
+    /// keeps below the cap minus them, not only to its share, so that
+    /// nothing is sent on top of the requests another replica had in
+    /// flight above its share when the store went. 0 with the store up,
+    /// or once that time is past; with it, the time left.
+    pub fn others_held(&self, upstream: &str) -> (u32, Duration) {
+        let (Some(keys), Some(down)) = (self.upstreams.get(upstream), self.down_for()) else {
+            return (0, Duration::ZERO);
+        };
+        let longest = keys.live.lock().map_or(Duration::ZERO, |l| l.longest()).max(self.ttl);
+        let Some(seen) = keys.seen.lock().ok().and_then(|s| *s) else { return (0, Duration::ZERO) };
+        let went = Instant::now().checked_sub(down).unwrap_or(seen.at);
+        // A reading older than a lease's life says nothing of the outage.
+        if down >= longest || went.saturating_duration_since(seen.at) > self.ttl {
+            return (0, Duration::ZERO);
+        }
+        (seen.held.saturating_sub(seen.mine), longest - down)
+    }
+
+    /// Leases of `upstream` held here that the store does not have yet.
+    pub fn unadopted(&self, upstream: &str) -> u32 {
+        self.upstreams.get(upstream).map_or(0, |k| k.unadopted.load(Ordering::Acquire))
     }
 
     /// Waits for a slot under the shared limit of `upstream` (`cap`: its
@@ -623,7 +905,7 @@ impl SharedState {
     ) -> SharedSlot {
         let Some(keys) = self.upstreams.get(upstream) else { return SharedSlot::Unavailable };
         let id = format!("{}-{}", self.replica, self.next.fetch_add(1, Ordering::Relaxed));
-        let mut spot = Spot { state: self.clone(), keys: keys.clone(), id, armed: false };
+        let mut spot = Spot { state: self.clone(), keys: keys.clone(), id, armed: false, held: false };
         loop {
             let notified = keys.wake.notified();
             tokio::pin!(notified);
@@ -640,13 +922,20 @@ impl SharedState {
             // same connection; removing an id Redis never added is a no-op.)
             spot.armed = true;
             let Some((taken, limit_now, level)) = self.call::<(u8, u32, u32)>(inv).await else {
-                spot.armed = false;
-                return SharedSlot::Unavailable;
+                // Down, or slower than the budget: this replica's own
+                // lease until the store has it. Still armed: a late answer
+                // may have made it a lease or a waiter there.
+                keys.hold(&spot.id, false);
+                spot.held = true;
+                return SharedSlot::Outage(SharedLease { spot });
             };
             if taken == 1 {
-                let renewer = tokio::spawn(renew(Arc::downgrade(self), keys.clone(), spot.id.clone(), self.ttl));
-                return SharedSlot::Leased(SharedLease { spot, renewer }, limit_now, level);
+                keys.hold(&spot.id, true);
+                spot.held = true;
+                keys.saw(level);
+                return SharedSlot::Leased(SharedLease { spot }, limit_now, level);
             }
+            keys.saw(level);
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep(POLL) => {}
@@ -655,10 +944,15 @@ impl SharedState {
         }
     }
 
-    async fn release(&self, keys: &Keys, id: &str) {
+    /// Removes lease or waiter `id` from the store; tried with the breaker
+    /// tripped too when the store had it as a lease (`in_store`).
+    async fn release(&self, keys: &Keys, id: &str, in_store: bool) {
+        if !in_store && !self.is_up() {
+            return;
+        }
         let mut inv = self.scripts.release.prepare_invoke();
         lease_keys(&mut inv, keys, id);
-        let _ = self.call::<i64>(inv).await;
+        self.call_background(inv).await;
     }
 
     /// Reserves `cost` units of a shared rate bucket;
@@ -694,8 +988,12 @@ impl SharedState {
     /// step (see [`LOWER`]). Returns the new limit (`None`: the store did
     /// not answer, and the lease is given back in the background).
     pub async fn lower(&self, mut lease: SharedLease, cap: u32, memory: Duration) -> Option<f64> {
-        lease.renewer.abort();
         let spot = &mut lease.spot;
+        // A lease the store does not have lowers nothing there (its drop
+        // gives it back if it was adopted meanwhile).
+        if !spot.keys.is_stored(&spot.id) {
+            return None;
+        }
         let keys = spot.keys.clone();
         let mut inv = self.scripts.lower.prepare_invoke();
         lease_keys(&mut inv, &keys, &spot.id);
@@ -703,7 +1001,9 @@ impl SharedState {
         let lowered = self.call::<String>(inv).await.and_then(|s| s.parse().ok());
         // Answered: the script gave the lease back. Otherwise the spot's
         // drop tries again.
-        spot.armed = lowered.is_none();
+        if lowered.is_some() {
+            spot.disarm();
+        }
         lowered
     }
 
@@ -757,9 +1057,10 @@ impl SharedState {
             .arg("PX")
             .arg(ttl.as_millis() as u64)
             .to_owned();
-        let set = tokio::time::timeout(TIMEOUT * 2, cmd.query_async::<()>(&mut conn)).await;
-        if let Ok(Err(err)) = set {
-            self.down(&err);
+        match tokio::time::timeout(BUDGET, cmd.query_async::<()>(&mut conn)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => self.down(&format!("unreachable: {err}")),
+            Err(_) => self.slow_call(),
         }
     }
 
@@ -810,7 +1111,7 @@ impl SharedState {
             let (turn,): ((Option<String>, Option<String>, Option<String>),) = match pipe.query_async(&mut conn).await {
                 Ok(turn) => turn,
                 Err(err) => {
-                    self.down(&err);
+                    self.down(&format!("unreachable: {err}"));
                     return None;
                 }
             };
@@ -835,78 +1136,168 @@ impl SharedState {
         }
         let mut conn = self.conn.clone();
         let cmd = redis::cmd("GET").arg(format!("tidegate:{kind}:{id}")).to_owned();
-        match tokio::time::timeout(TIMEOUT * 2, cmd.query_async::<Option<String>>(&mut conn)).await {
+        match tokio::time::timeout(BUDGET, cmd.query_async::<Option<String>>(&mut conn)).await {
             Ok(Ok(name)) => name,
             Ok(Err(err)) => {
-                self.down(&err);
+                self.down(&format!("unreachable: {err}"));
                 None
             }
-            Err(_) => None,
+            Err(_) => {
+                self.slow_call();
+                None
+            }
         }
     }
 
-    /// Joins (or rejoins): subscribes, then reads the cooldowns and open
-    /// breakers other replicas announced before.
-    async fn join(&self) -> redis::RedisResult<()> {
+    /// Reads the cooldowns and open breakers other replicas announced (one
+    /// key of each upstream's slot: on a cluster, every node that holds
+    /// one answers): the probe of a tripped breaker.
+    async fn probe(&self) -> redis::RedisResult<Vec<HealthEvent>> {
         let mut conn = self.conn.clone();
-        let mut channels: Vec<&str> = self.by_channel.keys().map(String::as_str).collect();
-        channels.push(&self.health_channel);
-        conn.subscribe(&channels).await?;
+        let mut found = Vec::new();
         for (upstream, keys) in &self.upstreams {
+            // One pipeline per upstream: its keys share a slot.
+            let mut pipe = redis::pipe();
             for kind in HoldKind::ALL {
-                let left: i64 = redis::cmd("PTTL").arg(keys.health(kind)).query_async(&mut conn).await?;
+                pipe.cmd("PTTL").arg(keys.health(kind));
+            }
+            let lefts: Vec<i64> = pipe.query_async(&mut conn).await?;
+            for (kind, left) in HoldKind::ALL.into_iter().zip(lefts) {
                 if left > 0 {
                     let left = Duration::from_millis(left as u64);
-                    let _ = self.events_tx.send(HealthEvent { upstream: upstream.clone(), kind, left });
+                    found.push(HealthEvent { upstream: upstream.clone(), kind, left });
                 }
             }
         }
+        Ok(found)
+    }
+
+    /// Renews every lease this replica holds, putting back those the store
+    /// lost (see [`RENEW_ALL`]); returns how many it did not have. With
+    /// the breaker tripped this is the adoption of the leases taken
+    /// meanwhile.
+    async fn renew_all(&self) -> Result<u64, ()> {
+        let mut lost = 0;
+        for keys in self.upstreams.values() {
+            let ids = keys.held_ids();
+            // Once per upstream even with no lease held here: the answer
+            // says how many the other replicas hold (see [`Self::others_held`]).
+            let mut chunks: Vec<&[String]> = ids.chunks(RENEW_CHUNK).collect();
+            if chunks.is_empty() {
+                chunks.push(&[]);
+            }
+            for chunk in chunks {
+                let mut inv = self.scripts.renew_all.prepare_invoke();
+                inv.key(&keys.leases).arg(self.ttl.as_millis() as u64);
+                for id in chunk {
+                    inv.arg(id);
+                }
+                let mut conn = self.conn.clone();
+                match tokio::time::timeout(TIMEOUT, inv.invoke_async::<(u64, u32)>(&mut conn)).await {
+                    Ok(Ok((added, held))) => {
+                        keys.stored(chunk);
+                        keys.saw(held);
+                        lost += added;
+                    }
+                    Ok(Err(err)) => {
+                        self.down(&format!("unreachable: {err}"));
+                        return Err(());
+                    }
+                    Err(_) => {
+                        self.slow_call();
+                        return Err(());
+                    }
+                }
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Joins (or rejoins): subscribes, applies the cooldowns and breakers
+    /// the probe read, adopts the leases held here, and only then counts
+    /// as up (then adopts again what was taken while it joined). A rejoin
+    /// closes the breaker (journaled).
+    async fn join(&self, health: Vec<HealthEvent>) -> Result<(), String> {
+        let mut conn = self.conn.clone();
+        let mut channels: Vec<&str> = self.by_channel.keys().map(String::as_str).collect();
+        channels.push(&self.health_channel);
+        conn.subscribe(&channels).await.map_err(|e| e.to_string())?;
+        for event in health {
+            let _ = self.events_tx.send(SharedEvent::Health(event));
+        }
+        let adopted = self.renew_all().await.map_err(|()| "the store did not take the leases held".to_owned())?;
         self.up.store(true, Ordering::Release);
+        self.down_at.store(0, Ordering::Release);
+        let adopted = adopted + self.renew_all().await.unwrap_or(0);
+        let (rejoined, tripped_at) = self
+            .breaker
+            .lock()
+            .map(|mut b| (std::mem::replace(&mut b.joined, true), b.tripped_at.take()))
+            .unwrap_or((true, None));
+        if rejoined {
+            let lasted = tripped_at.map_or(0.0, |at| at.elapsed().as_secs_f64());
+            let detail = format!("closed after {lasted:.1} s; {adopted} leases held here adopted by the store");
+            tracing::info!(detail, "shared state (Redis) breaker closed: limits are shared across replicas again");
+            let _ = self.events_tx.send(SharedEvent::Store(StoreChange { engaged: false, detail }));
+        } else {
+            tracing::info!("shared state (Redis) reachable: limits, cooldowns and breakers are shared across replicas");
+        }
         Ok(())
     }
 }
 
-/// Renews a lease every third of its TTL until aborted.
-async fn renew(state: std::sync::Weak<SharedState>, keys: Arc<Keys>, id: String, ttl: Duration) {
-    loop {
-        tokio::time::sleep(ttl / 3).await;
-        let Some(state) = state.upgrade() else { return };
-        let mut inv = state.scripts.renew.prepare_invoke();
-        inv.key(&keys.leases).arg(&id).arg(ttl.as_millis() as u64);
-        if state.call::<i64>(inv).await == Some(0) {
-            tracing::warn!(
-                "a shared lease expired before it was renewed (replica paused longer than state_lease_ttl?)"
-            );
-        }
-    }
-}
-
-/// Joins at start, then every second: says this replica is alive while the
-/// store answers, checks and rejoins while it does not.
+/// Joins at start; then, while the store is up, says this replica is
+/// alive and renews its leases (every third of their TTL, at most a
+/// second apart); while the breaker is tripped, probes every
+/// [`PROBE_EVERY`] and rejoins after [`CLOSE_AFTER`] fast answers in a
+/// row (the first join needs one answer, fast or not).
 async fn watch(state: std::sync::Weak<SharedState>) {
     let mut logged_waiting = false;
+    let mut fast = 0u32;
+    let mut renewed = Instant::now();
     loop {
         let Some(s) = state.upgrade() else { return };
-        if s.is_up() {
+        let tick = if s.is_up() {
             s.heartbeat().await;
-        }
-        if !s.is_up() {
-            match s.join().await {
-                Ok(()) => {
-                    tracing::info!(
-                        "shared state (Redis) reachable: limits, cooldowns and breakers are shared across replicas"
-                    );
-                    logged_waiting = false;
-                }
-                Err(err) if !logged_waiting => {
-                    tracing::error!(error = %err, "shared state (Redis) unreachable: applying local limits until it answers");
-                    logged_waiting = true;
-                }
-                Err(_) => {}
+            if s.is_up() && renewed.elapsed() >= s.ttl / 3 {
+                renewed = Instant::now();
+                let _ = s.renew_all().await;
             }
-        }
+            (s.ttl / 3).min(Duration::from_secs(1))
+        } else {
+            let first = s.breaker.lock().is_ok_and(|b| !b.joined);
+            let asked = Instant::now();
+            match tokio::time::timeout(TIMEOUT, s.probe()).await {
+                Ok(Ok(health)) => {
+                    fast = if asked.elapsed() <= BUDGET / 2 { fast + 1 } else { 0 };
+                    if first || fast >= CLOSE_AFTER {
+                        match s.join(health).await {
+                            Ok(()) => {
+                                logged_waiting = false;
+                                renewed = Instant::now();
+                            }
+                            Err(err) if !logged_waiting => {
+                                tracing::error!(error = %err, "shared state (Redis) rejoin failed: keeping to this replica's share until it answers");
+                                logged_waiting = true;
+                            }
+                            Err(_) => {}
+                        }
+                        fast = 0;
+                    }
+                }
+                Ok(Err(err)) => {
+                    fast = 0;
+                    if !logged_waiting {
+                        tracing::error!(error = %err, "shared state (Redis) unreachable: keeping to this replica's share until it answers");
+                        logged_waiting = true;
+                    }
+                }
+                Err(_) => fast = 0,
+            }
+            PROBE_EVERY
+        };
         drop(s);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(tick).await;
     }
 }
 
@@ -927,11 +1318,11 @@ async fn read_messages(state: std::sync::Weak<SharedState>, mut pushes: mpsc::Un
                 if let Some(keys) = state.by_channel.get(channel.as_ref()) {
                     keys.wake.notify_waiters();
                 } else if let Some(event) = parse_health(&payload, &state.replica) {
-                    let _ = state.events_tx.send(event);
+                    let _ = state.events_tx.send(SharedEvent::Health(event));
                 }
             }
             PushKind::Disconnection => {
-                state.down(&redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+                state.down("unreachable: the connection to the store was lost");
             }
             _ => {}
         }
