@@ -310,6 +310,44 @@ async fn two_replicas_keep_to_their_share_of_a_rate_while_redis_is_down() {
     assert_eq!(sim.state.received().len(), served + 2);
 }
 
+/// When the store goes away, each replica's share of an rpm bucket starts
+/// from what the shared bucket had left, not from a full bucket: 16 of 20
+/// a minute spent with Redis up leave both replicas together about 4 for
+/// the rest of the minute (before, each started its share full: 10 more
+/// each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_spent_with_the_store_up_stays_spent_when_it_goes() {
+    let mut redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { latency_ms: 10, ..Default::default() })]);
+    let rated =
+        |addr: &str| config(addr, &redis.url(), &sim, ", rpm: 20").replace("max_concurrent: 3", "max_concurrent: 50");
+    let a = gateway(&rated("127.0.0.1:0")).await;
+    let b = gateway(&rated("127.0.0.1:0")).await;
+    let (a_base, b_base) = (format!("http://{}", a.addr), format!("http://{}", b.addr));
+    for base in [&a_base, &b_base] {
+        wait_shared(base, true).await;
+        wait_replicas(base, 2).await;
+    }
+    for i in 0..16 {
+        let base = if i % 2 == 0 { &a_base } else { &b_base };
+        assert_eq!(ask_chat(base, "capped", Some("2s")).await.status(), 200);
+    }
+    redis.stop();
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let base = if i % 2 == 0 { a_base.clone() } else { b_base.clone() };
+            tokio::spawn(async move { ask_chat(&base, "capped", Some("2s")).await.status().as_u16() })
+        })
+        .collect();
+    for t in tasks {
+        assert!(matches!(t.await.unwrap(), 200 | 429 | 504));
+    }
+    let sent = sim.state.received().len();
+    // 20 a minute, plus what refills in the seconds this takes (one every
+    // 3 s) and one each noticing the outage.
+    assert!(sent <= 23, "the upstream got {sent} requests within a minute of 20");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_replicas_slots_free_within_the_lease_ttl() {
     let redis = Redis::start();

@@ -241,6 +241,9 @@ pub struct SimConfig {
     /// Rate limits advertised on every answer and enforced (see
     /// [`advertise`]); off when absent.
     pub advertise: Option<advertise::Advertise>,
+    /// Keep each request's arrival time per model (`GET /sim/arrivals`):
+    /// what a benchmark checks a rate limit against; off by default.
+    pub arrivals: bool,
 }
 
 /// How the simulator's prompt cache behaves (see [`SimConfig::prompt_cache`]).
@@ -403,6 +406,9 @@ pub struct SimState {
     first_asked: Mutex<HashMap<String, tokio::time::Instant>>,
     /// Requests per model, refused ones included (`/sim/stats`'s `asked`).
     asked: Mutex<HashMap<String, usize>>,
+    /// Per model, when each request arrived (ms since the Unix epoch;
+    /// with `arrivals: true`, at most [`MOST_ARRIVALS`] a model).
+    arrivals: Mutex<HashMap<String, Vec<u64>>>,
     /// Per account: cached prompt prefixes (by hash) and when they expire.
     cache: Mutex<HashMap<String, HashMap<u64, tokio::time::Instant>>>,
     /// Prompt tokens read so far, and how many of them cached.
@@ -548,7 +554,8 @@ impl Simulator {
                 post(clouds::vertex),
             )
             .route("/token", post(clouds::token))
-            .route("/sim/stats", axum::routing::get(stats));
+            .route("/sim/stats", axum::routing::get(stats))
+            .route("/sim/arrivals", axum::routing::get(arrivals));
         let app = clouds::azure_routes(app)
             .layer(axum::middleware::from_fn_with_state(state.clone(), advertise::layer))
             .with_state(state.clone());
@@ -622,6 +629,16 @@ async fn stats(
     }))
 }
 
+/// Most arrival times kept per model (see [`SimConfig::arrivals`]).
+const MOST_ARRIVALS: usize = 1_000_000;
+
+/// `GET /sim/arrivals`: per model, the arrival time of every request (ms
+/// since the Unix epoch), with `arrivals: true`.
+async fn arrivals(State(state): State<Arc<SimState>>) -> axum::Json<serde_json::Value> {
+    let all = state.arrivals.lock().map(|a| serde_json::json!(*a)).unwrap_or_default();
+    axum::Json(all)
+}
+
 async fn chat(State(state): State<Arc<SimState>>, req: Request) -> Response {
     answer(state, Endpoint::ChatCompletions, req).await
 }
@@ -667,6 +684,15 @@ impl Flight {
     /// requests to that model are in flight, this one included.
     fn of_model(&mut self, model: &str) -> usize {
         self.model = Some(model.to_owned());
+        if self.state.config.arrivals
+            && let Ok(mut arrivals) = self.state.arrivals.lock()
+        {
+            let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            let list = arrivals.entry(model.to_owned()).or_default();
+            if list.len() < MOST_ARRIVALS {
+                list.push(at as u64);
+            }
+        }
         let Ok(mut per_model) = self.state.per_model.lock() else { return 0 };
         let (now, max) = per_model.entry(model.to_owned()).or_default();
         *now += 1;

@@ -57,6 +57,14 @@ impl Gcra {
         allowed_at.saturating_duration_since(now)
     }
 
+    /// Follows a bucket kept elsewhere (the shared store's): its time is
+    /// `ahead` of now.
+    pub fn follow(&self, ahead: Duration, now: Instant) {
+        if let Ok(mut tat) = self.tat.lock() {
+            *tat = Some(now + ahead.min(self.burst));
+        }
+    }
+
     /// Units reserved within the last period, as far as the bucket can
     /// tell (its theoretical arrival time ahead of now, in units).
     pub fn used(&self, now: Instant) -> u64 {

@@ -660,7 +660,10 @@ impl Limiter {
             let (Some(bucket), Some(limit)) = (bucket, limit) else { continue };
             let (shared, scale) = match &self.shared {
                 Some(s) => match s.state.reserve(&s.upstream, what, cost, limit, MINUTE).await {
-                    Some(wait) => (Some(wait), 1),
+                    Some((wait, ahead)) => {
+                        bucket.follow(ahead, Instant::now());
+                        (Some(wait), 1)
+                    }
                     // The store is down: this replica keeps to its share
                     // of the bucket (each request counts once per replica
                     // last seen), as it does of a concurrency limit.

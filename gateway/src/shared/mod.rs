@@ -148,7 +148,11 @@ return {added, redis.call('ZCARD', KEYS[1])}
 ";
 
 /// GCRA reserve: ARGV cost, interval (ms per unit), burst (ms); returns
-/// the wait in ms. Same arithmetic as `limits::gcra::Gcra::reserve`.
+/// the wait in ms and how far the bucket's time is ahead of now (how full
+/// it is, every replica's reservations counted: each replica's own bucket
+/// follows it, so that when the store goes the shares start from what is
+/// left, not from a full bucket each). Same arithmetic as
+/// `limits::gcra::Gcra::reserve`.
 const GCRA: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -158,7 +162,7 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
 local new = tat + cost
 redis.call('SET', KEYS[1], new, 'PX', math.ceil(new - now + burst) + 1)
-return math.max(0, math.ceil(new - burst - now))
+return {math.max(0, math.ceil(new - burst - now)), math.ceil(new - now)}
 ";
 
 /// GCRA adjust: ARGV delta units (may be negative), interval (ms per unit),
@@ -955,8 +959,9 @@ impl SharedState {
         self.call_background(inv).await;
     }
 
-    /// Reserves `cost` units of a shared rate bucket;
-    /// `None` when the store is unreachable (use the local bucket).
+    /// Reserves `cost` units of a shared rate bucket: the wait, and how
+    /// far the bucket is ahead of now (see [`GCRA`]); `None` when the
+    /// store is unreachable (use the local bucket).
     pub async fn reserve(
         &self,
         upstream: &str,
@@ -964,13 +969,14 @@ impl SharedState {
         cost: u64,
         limit: u64,
         period: Duration,
-    ) -> Option<Duration> {
+    ) -> Option<(Duration, Duration)> {
         let keys = self.upstreams.get(upstream)?;
         let interval = period.as_secs_f64() * 1000.0 / limit.max(1) as f64;
         let mut inv = self.scripts.gcra.prepare_invoke();
         // Never more than the bucket holds (the script bounds it too).
         inv.key(keys.rate(what)).arg(cost.min(limit)).arg(interval).arg(period.as_millis() as u64);
-        self.call::<u64>(inv).await.map(Duration::from_millis)
+        let (wait, ahead) = self.call::<(u64, u64)>(inv).await?;
+        Some((Duration::from_millis(wait), Duration::from_millis(ahead)))
     }
 
     /// Corrects a shared rate reservation by `delta` units.
