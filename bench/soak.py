@@ -49,6 +49,10 @@ ap.add_argument("--minutes", type=float, default=30.0)
 ap.add_argument("--workers", type=int, default=24)
 ap.add_argument("--binary", default="target/release/tidegate")
 ap.add_argument("--report", default="target/soak-report.md")
+ap.add_argument("--replicas", type=int, default=2)
+ap.add_argument("--store", choices=["redis", "cluster"], default="redis",
+                help="cluster: six redis-servers (three masters, one replica each); "
+                     "the Redis faults kill the master of the capped upstream's slot instead")
 args = ap.parse_args()
 
 BIN = os.path.abspath(args.binary)
@@ -77,7 +81,9 @@ def wait_port(port, seconds=20):
 
 
 SIM, REDIS = free_port(), free_port()
-PORTS = [free_port(), free_port()]
+PORTS = [free_port() for _ in range(args.replicas)]
+NODES = [free_port() for _ in range(6)] if args.store == "cluster" else []
+BUSES = [free_port() for _ in range(6)] if args.store == "cluster" else []
 
 SIM_CONFIG = f"""
 description: soak faults
@@ -149,6 +155,10 @@ models:
 """
 
 
+STATE = (f"redis://127.0.0.1:{REDIS}" if args.store == "redis"
+         else "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in NODES[:3]) + "/")
+
+
 def gateway_config(port, journal, variant):
     # The variant changes what a reload can change: a delay and a weight.
     max_delay = "2s" if variant % 2 == 0 else "3s"
@@ -159,7 +169,7 @@ def gateway_config(port, journal, variant):
 listen: 127.0.0.1:{port}
 journal: {journal}
 admin_key: {ADMIN}
-state: redis://127.0.0.1:{REDIS}
+state: {STATE}
 client_keys: [{keys}]
 defaults:
   deadline: 90s
@@ -288,6 +298,74 @@ class Redis:
         self.proc.wait(timeout=20)
 
 
+class Cluster:
+    """Six redis-servers in one cluster; `stop` kills the master that
+    holds the capped upstream's slot (its replica is promoted), `start`
+    brings that node back (it rejoins as a replica)."""
+
+    def __init__(self):
+        self.procs = {}
+        self.victim = None
+        self.up = False
+
+    def _node(self, port, bus):
+        d = os.path.join(TMP, f"node-{port}")
+        os.makedirs(d, exist_ok=True)
+        self.procs[port] = (subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--cluster-enabled", "yes", "--cluster-node-timeout", "2000", "--cluster-port", str(bus),
+             "--dir", d], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), bus)
+        if not wait_port(port):
+            raise SystemExit("a cluster node did not start")
+
+    def start(self):
+        if not self.procs:
+            for port, bus in zip(NODES, BUSES):
+                self._node(port, bus)
+            subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in NODES],
+                            "--cluster-replicas", "1", "--cluster-yes"], check=True, stdout=subprocess.DEVNULL)
+            end = time.time() + 30
+            while time.time() < end:
+                info = subprocess.run(["redis-cli", "-p", str(NODES[0]), "cluster", "info"], capture_output=True,
+                                      text=True).stdout
+                if "cluster_state:ok" in info:
+                    break
+                time.sleep(0.1)
+        elif self.victim:
+            self._node(self.victim, self.procs[self.victim][1])
+            self.victim = None
+        self.up = True
+
+    def master_of(self, key):
+        live = [p for p, (proc, _) in self.procs.items() if proc.poll() is None]
+        slot = int(subprocess.run(["redis-cli", "-p", str(live[0]), "cluster", "keyslot", key], capture_output=True,
+                                  text=True).stdout.strip())
+        nodes = subprocess.run(["redis-cli", "-p", str(live[0]), "cluster", "nodes"], capture_output=True,
+                               text=True).stdout
+        for line in nodes.splitlines():
+            parts = line.split()
+            if "master" not in parts[2] or "fail" in parts[2]:
+                continue
+            for r in parts[8:]:
+                lo, _, hi = r.partition("-")
+                if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                    return int(parts[1].split(":")[1].split("@")[0])
+        return live[0]
+
+    def stop(self, everything=False):
+        self.up = False
+        if everything:
+            for proc, _ in self.procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            return
+        self.victim = self.master_of("tidegate:{oa-capped}:leases")
+        proc, _ = self.procs[self.victim]
+        proc.kill()
+        proc.wait()
+
+
 lock = threading.Lock()
 sent = []          # (request id or None, label, replica, verdict, detail)
 stop_at = 0.0
@@ -372,13 +450,13 @@ def main():
     global stop_at
     with open(os.path.join(TMP, "sim.yaml"), "w") as f:
         f.write(SIM_CONFIG)
-    redis = Redis()
+    redis = Redis() if args.store == "redis" else Cluster()
     redis.start()
     sim_log = open(os.path.join(TMP, "sim.log"), "ab")
     sim = subprocess.Popen([BIN, "simulate", "--listen", f"127.0.0.1:{SIM}", "--config",
                             os.path.join(TMP, "sim.yaml")], stdout=sim_log, stderr=sim_log)
     wait_port(SIM)
-    replicas.extend([Replica(0), Replica(1)])
+    replicas.extend([Replica(i) for i in range(args.replicas)])
     for r in replicas:
         r.start()
     started = time.time()
@@ -388,7 +466,7 @@ def main():
     for t in threads:
         t.start()
 
-    samples = {0: [], 1: []}       # (elapsed, rss, fds)
+    samples = {i: [] for i in range(args.replicas)}  # (elapsed, rss, fds)
     capped = {"up": 0, "down": 0}  # most in flight at once for the capped upstream
     events = []
     reloads = {"ok": 0, "failed": 0}
@@ -402,13 +480,15 @@ def main():
             _, what = schedule.pop(0)
             if what == "redis":
                 redis.stop()
-                events.append(f"{now - started:.0f}s: Redis stopped")
+                events.append(f"{now - started:.0f}s: " + ("Redis stopped" if args.store == "redis" else
+                              f"cluster master {redis.victim} killed (its replica takes over)"))
                 phase_end = time.time() + 10
                 while time.time() < phase_end:
                     record_caps(capped, "down")
                     time.sleep(1)
                 redis.start()
-                events.append(f"{time.time() - started:.0f}s: Redis started again")
+                events.append(f"{time.time() - started:.0f}s: " + ("Redis started again" if args.store == "redis"
+                              else "the killed node started again (rejoins as a replica)"))
             else:
                 r = replicas[1]
                 before = time.time()
@@ -449,7 +529,7 @@ def main():
     for r in replicas:
         r.stop()
     sim.terminate()
-    redis.stop()
+    redis.stop(everything=True) if args.store == "cluster" else redis.stop()
     report(samples, capped, events, reloads, time.time() - started)
 
 
@@ -495,12 +575,13 @@ def report(samples, capped, events, reloads, elapsed):
         return f"{rss / 1024:.1f} MiB, {fds} fds" if rss else "-"
 
     lines = [
-        f"# Chaos soak: {elapsed / 60:.1f} minutes, {args.workers} workers, 2 replicas + Redis",
+        f"# Chaos soak: {elapsed / 60:.1f} minutes, {args.workers} workers, {args.replicas} replicas + "
+        + ("Redis" if args.store == "redis" else "a Redis Cluster (3 masters, 3 replicas)"),
         "",
         "| what | figure |",
         "|---|---:|",
         f"| requests sent (answered by a replica) | {len(with_id)} |",
-        f"| rows journaled (both replicas) | {len(rows)} |",
+        f"| rows journaled (every replica) | {len(rows)} |",
         f"| sent but not journaled | {len(missing)} |",
         f"| succeeded | {verdicts.get('ok', 0)} |",
         f"| refused while draining, resent to the other replica | {verdicts.get('draining', 0)} |",

@@ -10,9 +10,9 @@ Operation not permitted"), so the image is not built here. What is checked:
 3. that the files agree: the ConfigMap holds deploy/tidegate.yaml, the
    container port is the config's, the grace period covers preStop and
    shutdown_grace, readiness and HEALTHCHECK use /healthz, the image runs
-   as a non-root user from a multi-stage build, both compose replicas share
-   one Redis;
-4. the config and the image's commands as written, on this machine: two
+   as a non-root user from a multi-stage build, four replicas or more
+   (Kubernetes and compose) share one Redis;
+4. the config and the image's commands as written, on this machine: four
    `tidegate serve --config deploy/tidegate.yaml` sharing one redis-server
    (the environment a container gets), `tidegate healthcheck` on each, a
    request through each, shared state up, a clean exit on SIGTERM.
@@ -98,7 +98,7 @@ def static_checks():
     check(pod["terminationGracePeriodSeconds"] > sleep + grace,
           f"grace period {pod['terminationGracePeriodSeconds']}s > preStop {sleep}s + shutdown_grace {grace}s")
     check(pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0, "pods run as non-root")
-    check(by_kind["Deployment/tidegate"]["spec"]["replicas"] == 2, "two replicas")
+    check(by_kind["Deployment/tidegate"]["spec"]["replicas"] >= 4, "four replicas or more")
     env = {e["name"]: e.get("value") for e in c.get("env", [])}
     check(env.get("TIDEGATE_STATE", "").startswith("redis://redis:"), "replicas share the redis Service")
     mount = next(m for m in c["volumeMounts"] if m["name"] == "config")["mountPath"]
@@ -115,11 +115,17 @@ def static_checks():
 
     services = yaml.safe_load(compose_text)["services"]
     gates = [s for n, s in services.items() if n.startswith("tidegate")]
-    check(len(gates) == 2, "compose: two tidegate replicas")
-    check(all("./tidegate.yaml:/etc/tidegate/tidegate.yaml:ro" in s["volumes"] for s in gates),
-          "compose: both mount deploy/tidegate.yaml read-only")
-    check(all(s["environment"]["TIDEGATE_STATE"] == "redis://redis:6379/0" for s in gates) and "redis" in services,
-          "compose: both share the one redis service")
+    check(len(gates) == 1 and gates[0].get("deploy", {}).get("replicas", 1) >= 4,
+          "compose: one tidegate service of four replicas or more")
+    gate = gates[0] if gates else {}
+    balancer = services.get("balancer", {})
+    check("8787:8787" in balancer.get("ports", []) and "server tidegate:8787"
+          in yaml.safe_load(compose_text)["configs"]["balancer"]["content"],
+          "compose: a balancer on :8787 in front of every replica")
+    check("./tidegate.yaml:/etc/tidegate/tidegate.yaml:ro" in gate.get("volumes", []),
+          "compose: the replicas mount deploy/tidegate.yaml read-only")
+    check(gate.get("environment", {}).get("TIDEGATE_STATE", "").endswith("redis://redis:6379/0}")
+          and "redis" in services, "compose: the replicas share the one redis service")
 
 
 def http(method, url, body=None, headers=None):
@@ -160,7 +166,7 @@ def run_as_written(binary):
         wait_port(redis_port, procs[0], "redis-server")
         wait_port(sim_port, sim, "simulator")
         replicas = []
-        for name in ("a", "b"):
+        for name in ("a", "b", "c", "d"):
             port = free_port()
             os.makedirs(os.path.join(tmp, name))
             env = dict(os.environ, TIDEGATE_ADMIN_KEY="adm-deploy", TIDEGATE_CLIENT_KEY="client-deploy",

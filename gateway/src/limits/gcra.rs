@@ -61,8 +61,16 @@ impl Gcra {
     /// `ahead` of now.
     pub fn follow(&self, ahead: Duration, now: Instant) {
         if let Ok(mut tat) = self.tat.lock() {
-            *tat = Some(now + ahead.min(self.burst));
+            // Beyond a full bucket is the backlog of reservations made
+            // (requests waiting their turn): kept, so a reservation made
+            // here next waits behind them.
+            *tat = Some(now + ahead);
         }
+    }
+
+    /// How far the bucket's time is ahead of `now` (how full it is).
+    pub fn ahead(&self, now: Instant) -> Duration {
+        self.tat.lock().ok().and_then(|t| *t).map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
     }
 
     /// Units reserved within the last period, as far as the bucket can

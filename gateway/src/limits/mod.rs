@@ -540,7 +540,7 @@ impl Limiter {
             if up && let Some(limit) = shared.limit.lock().ok().and_then(|l| *l) {
                 eff = limit;
             }
-            if !up || shared.state.unadopted(&shared.upstream) > 0 {
+            if !shared.state.settled() || shared.state.unadopted(&shared.upstream) > 0 {
                 replicas = shared.state.replicas();
             }
             if !up {
@@ -659,7 +659,7 @@ impl Limiter {
         {
             let (Some(bucket), Some(limit)) = (bucket, limit) else { continue };
             let (shared, scale) = match &self.shared {
-                Some(s) => match s.state.reserve(&s.upstream, what, cost, limit, MINUTE).await {
+                Some(s) => match s.state.reserve(&s.upstream, what, (cost, limit, MINUTE), bucket.ahead(now)).await {
                     Some((wait, ahead)) => {
                         bucket.follow(ahead, Instant::now());
                         (Some(wait), 1)
@@ -761,11 +761,13 @@ impl Limiter {
                     if slow {
                         self.widen_window(f64::from(limit));
                     }
-                    if let Ok(mut l) = shared.limit.lock() {
+                    let seen = shared.limit.lock().ok().map(|l| {
                         // The script reports the whole number; keep the
                         // fraction additive increase has reached if it agrees.
-                        let keep = l.filter(|old| old.floor() as u32 == limit);
-                        *l = Some(keep.unwrap_or(f64::from(limit)));
+                        l.filter(|old| old.floor() as u32 == limit).unwrap_or(f64::from(limit))
+                    });
+                    if let Some(seen) = seen {
+                        self.set_shared_limit(seen);
                     }
                     return Ok(permit);
                 }
@@ -1025,11 +1027,20 @@ impl Limiter {
         }
     }
 
+    /// The limit shared across replicas, as the store said; this
+    /// replica's own learned limit follows it, so that while the store is
+    /// away each replica's share is of what all had learned, not of what
+    /// it learned alone.
     fn set_shared_limit(&self, limit: f64) {
         if let Some(shared) = &self.shared
             && let Ok(mut l) = shared.limit.lock()
         {
             *l = Some(limit);
+            if self.config.adaptive
+                && let Ok(mut eff) = self.effective.lock()
+            {
+                *eff = limit.min(self.cap());
+            }
         }
     }
 

@@ -130,6 +130,41 @@ redis.call('PUBLISH', KEYS[4], ARGV[1])
 
 const RELEASE: &str = concat!(release_lua!(), "return 1\n");
 
+/// On rejoining, [`RENEW_ALL`] and more: removes this replica's leases
+/// the store has that it no longer holds (their give-back was lost while
+/// the store was away: left, they would hold slots for a TTL) and its
+/// places in the waiting line (none of its requests waits there now).
+/// KEYS: leases, waiters, waiters' expiries, release channel; ARGV: ms to
+/// live, this replica's id prefix, then every id it holds.
+const ADOPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = now + tonumber(ARGV[1])
+local prefix = ARGV[2]
+local live = {}
+for i = 3, #ARGV do live[ARGV[i]] = true end
+local freed = 0
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if string.sub(id, 1, #prefix) == prefix and not live[id] then
+    redis.call('ZREM', KEYS[1], id)
+    freed = freed + 1
+  end
+end
+for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  if string.sub(id, 1, #prefix) == prefix then
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZREM', KEYS[3], id)
+  end
+end
+local added = 0
+for i = 3, #ARGV do
+  added = added + redis.call('ZADD', KEYS[1], expiry, ARGV[i])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if freed > 0 then redis.call('PUBLISH', KEYS[4], 'adopted') end
+return {added, redis.call('ZCARD', KEYS[1])}
+";
+
 /// Renews this replica's leases of one upstream, and puts back those the
 /// store lost (it restarted empty, or a lease expired while the store or
 /// this replica stood still): every one is a request still running, so
@@ -152,13 +187,15 @@ return {added, redis.call('ZCARD', KEYS[1])}
 /// it is, every replica's reservations counted: each replica's own bucket
 /// follows it, so that when the store goes the shares start from what is
 /// left, not from a full bucket each). Same arithmetic as
-/// `limits::gcra::Gcra::reserve`.
+/// `limits::gcra::Gcra::reserve`. ARGV[4]: how far this replica's own
+/// bucket is ahead of now, taken for the bucket's time when the store has
+/// none (it returned empty: the bucket is not full again for that).
 const GCRA: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local burst = tonumber(ARGV[3])
 local cost = math.min(tonumber(ARGV[1]) * tonumber(ARGV[2]), burst)
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+local tat = tonumber(redis.call('GET', KEYS[1]) or (now + tonumber(ARGV[4])))
 if tat < now then tat = now end
 local new = tat + cost
 redis.call('SET', KEYS[1], new, 'PX', math.ceil(new - now + burst) + 1)
@@ -179,18 +216,24 @@ redis.call('SET', KEYS[1], new, 'KEEPTTL')
 return 1
 ";
 
-/// A replica says it is alive (ARGV: its id, ms until it counts as gone)
-/// and learns how many are: the sorted set of replicas, scored by expiry.
+/// A replica says it is alive (ARGV: its id, ms until it counts as gone,
+/// ms within which a heartbeat is fresh) and learns how many are, and how
+/// many said so lately: the sorted set of replicas, scored by expiry.
 const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-return redis.call('ZCARD', KEYS[1])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+local fresh = redis.call('ZCOUNT', KEYS[1], now + ttl - tonumber(ARGV[3]), '+inf')
+return {redis.call('ZCARD', KEYS[1]), fresh}
 ";
 
 /// How long a replica that stopped saying it is alive still counts.
 const REPLICA_TTL: Duration = Duration::from_secs(5);
+/// A replica that said it is alive within this is back (heartbeats come
+/// every second at most; see [`SharedState::settled`]).
+const FRESH: Duration = Duration::from_millis(2500);
 
 /// Keeps one turn of a translated Responses conversation (see `kept`):
 /// KEYS[1] the turn's key; ARGV the response it continued ('' for none),
@@ -344,6 +387,7 @@ struct Scripts {
     slow_start: Script,
     release: Script,
     renew_all: Script,
+    adopt: Script,
     gcra: Script,
     gcra_adjust: Script,
     lower: Script,
@@ -590,6 +634,9 @@ struct Breaker {
 struct ReplicaCount {
     high: u32,
     seen: Option<Instant>,
+    /// Replicas whose heartbeat is fresh ([`FRESH`]); 0 from a rejoin
+    /// until this replica's next heartbeat.
+    fresh: u32,
 }
 
 impl ReplicaCount {
@@ -718,6 +765,7 @@ impl SharedState {
                 slow_start: Script::new(SLOW_START),
                 release: Script::new(RELEASE),
                 renew_all: Script::new(RENEW_ALL),
+                adopt: Script::new(ADOPT),
                 gcra: Script::new(GCRA),
                 gcra_adjust: Script::new(GCRA_ADJUST),
                 lower: Script::new(LOWER),
@@ -769,14 +817,25 @@ impl SharedState {
         self.replica_count.lock().map_or(1, |c| c.high.max(1))
     }
 
+    /// Whether every replica last seen sharing the store is back on it:
+    /// after the store returns, a replica that has not rejoined yet still
+    /// runs requests it took meanwhile, unknown to the store, so until all
+    /// have said they are alive again (or the missing one is counted
+    /// gone) each keeps to its share.
+    pub fn settled(&self) -> bool {
+        self.is_up() && self.replica_count.lock().is_ok_and(|c| c.fresh >= c.high)
+    }
+
     /// Says this replica is alive and reads how many are.
     async fn heartbeat(&self) {
         let mut inv = self.scripts.heartbeat.prepare_invoke();
         inv.key(format!("{PREFIX}:replicas")).arg(&self.replica).arg(REPLICA_TTL.as_millis() as u64);
-        if let Some(n) = self.call::<u32>(inv).await
+        inv.arg(FRESH.as_millis() as u64);
+        if let Some((n, fresh)) = self.call::<(u32, u32)>(inv).await
             && let Ok(mut count) = self.replica_count.lock()
         {
             count.observe(n, Instant::now());
+            count.fresh = fresh;
         }
     }
 
@@ -959,22 +1018,23 @@ impl SharedState {
         self.call_background(inv).await;
     }
 
-    /// Reserves `cost` units of a shared rate bucket: the wait, and how
-    /// far the bucket is ahead of now (see [`GCRA`]); `None` when the
+    /// Reserves `cost` units of a shared rate bucket of `limit` a
+    /// `period`: the wait, and how far the bucket is ahead of now (see
+    /// [`GCRA`]; `own`: this replica's view of that); `None` when the
     /// store is unreachable (use the local bucket).
     pub async fn reserve(
         &self,
         upstream: &str,
         what: Bucket,
-        cost: u64,
-        limit: u64,
-        period: Duration,
+        (cost, limit, period): (u64, u64, Duration),
+        own: Duration,
     ) -> Option<(Duration, Duration)> {
         let keys = self.upstreams.get(upstream)?;
         let interval = period.as_secs_f64() * 1000.0 / limit.max(1) as f64;
         let mut inv = self.scripts.gcra.prepare_invoke();
         // Never more than the bucket holds (the script bounds it too).
         inv.key(keys.rate(what)).arg(cost.min(limit)).arg(interval).arg(period.as_millis() as u64);
+        inv.arg(own.as_millis() as u64);
         let (wait, ahead) = self.call::<(u64, u64)>(inv).await?;
         Some((Duration::from_millis(wait), Duration::from_millis(ahead)))
     }
@@ -1182,19 +1242,30 @@ impl SharedState {
     /// lost (see [`RENEW_ALL`]); returns how many it did not have. With
     /// the breaker tripped this is the adoption of the leases taken
     /// meanwhile.
-    async fn renew_all(&self) -> Result<u64, ()> {
+    async fn renew_all(&self, adopting: bool) -> Result<u64, ()> {
         let mut lost = 0;
+        let prefix = format!("{}-", self.replica);
         for keys in self.upstreams.values() {
             let ids = keys.held_ids();
             // Once per upstream even with no lease held here: the answer
             // says how many the other replicas hold (see [`Self::others_held`]).
-            let mut chunks: Vec<&[String]> = ids.chunks(RENEW_CHUNK).collect();
+            // Adopting, every id in one call: the script frees the ones
+            // it is not given.
+            let mut chunks: Vec<&[String]> = if adopting { vec![&ids[..]] } else { ids.chunks(RENEW_CHUNK).collect() };
             if chunks.is_empty() {
                 chunks.push(&[]);
             }
             for chunk in chunks {
-                let mut inv = self.scripts.renew_all.prepare_invoke();
-                inv.key(&keys.leases).arg(self.ttl.as_millis() as u64);
+                let mut inv = if adopting {
+                    let mut inv = self.scripts.adopt.prepare_invoke();
+                    inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.released);
+                    inv.arg(self.ttl.as_millis() as u64).arg(&prefix);
+                    inv
+                } else {
+                    let mut inv = self.scripts.renew_all.prepare_invoke();
+                    inv.key(&keys.leases).arg(self.ttl.as_millis() as u64);
+                    inv
+                };
                 for id in chunk {
                     inv.arg(id);
                 }
@@ -1231,10 +1302,15 @@ impl SharedState {
         for event in health {
             let _ = self.events_tx.send(SharedEvent::Health(event));
         }
-        let adopted = self.renew_all().await.map_err(|()| "the store did not take the leases held".to_owned())?;
+        let adopted = self.renew_all(true).await.map_err(|()| "the store did not take the leases held".to_owned())?;
+        // Not settled until a heartbeat counts who else is back (see
+        // [`Self::settled`]).
+        if let Ok(mut count) = self.replica_count.lock() {
+            count.fresh = 0;
+        }
         self.up.store(true, Ordering::Release);
         self.down_at.store(0, Ordering::Release);
-        let adopted = adopted + self.renew_all().await.unwrap_or(0);
+        let adopted = adopted + self.renew_all(false).await.unwrap_or(0);
         let (rejoined, tripped_at) = self
             .breaker
             .lock()
@@ -1267,7 +1343,7 @@ async fn watch(state: std::sync::Weak<SharedState>) {
             s.heartbeat().await;
             if s.is_up() && renewed.elapsed() >= s.ttl / 3 {
                 renewed = Instant::now();
-                let _ = s.renew_all().await;
+                let _ = s.renew_all(false).await;
             }
             (s.ttl / 3).min(Duration::from_secs(1))
         } else {
