@@ -272,15 +272,15 @@ async fn a_slow_store_trips_its_breaker_within_a_second_and_both_ends_are_journa
     assert!(!events.iter().any(|(_, d)| d.contains("redis://")), "{events:?}");
 }
 
-/// While Redis is down, each of two replicas keeps to its share of an
-/// rpm bucket too (20 a minute: 10 each at once, not 20 each): together
-/// they do not send the provider twice its rate.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_replicas_keep_to_their_share_of_a_rate_while_redis_is_down() {
-    let mut redis = Redis::start();
-    let sim = sim(&[("capped", Behavior { latency_ms: 10, ..Default::default() })]);
+/// Two replicas in this process sharing `redis`, each allowing 20
+/// requests a minute (and 50 at once) of the simulator's `capped`, both
+/// joined and counting each other; with their base URLs.
+async fn two_rated_replicas(
+    redis: &Redis,
+    sim: &tidegate_simulate::Simulator,
+) -> (tidegate::server::Running, String, tidegate::server::Running, String) {
     let rated =
-        |addr: &str| config(addr, &redis.url(), &sim, ", rpm: 20").replace("max_concurrent: 3", "max_concurrent: 50");
+        |addr: &str| config(addr, &redis.url(), sim, ", rpm: 20").replace("max_concurrent: 3", "max_concurrent: 50");
     let a = gateway(&rated("127.0.0.1:0")).await;
     let b = gateway(&rated("127.0.0.1:0")).await;
     let (a_base, b_base) = (format!("http://{}", a.addr), format!("http://{}", b.addr));
@@ -288,6 +288,17 @@ async fn two_replicas_keep_to_their_share_of_a_rate_while_redis_is_down() {
         wait_shared(base, true).await;
         wait_replicas(base, 2).await;
     }
+    (a, a_base, b, b_base)
+}
+
+/// While Redis is down, each of two replicas keeps to its share of an
+/// rpm bucket too (20 a minute: 10 each at once, not 20 each): together
+/// they do not send the provider twice its rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_keep_to_their_share_of_a_rate_while_redis_is_down() {
+    let mut redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { latency_ms: 10, ..Default::default() })]);
+    let (_a, a_base, _b, b_base) = two_rated_replicas(&redis, &sim).await;
     redis.stop();
     notice_store_down(&[&a_base, &b_base]).await;
     let tasks: Vec<_> = (0..40)
@@ -319,15 +330,7 @@ async fn two_replicas_keep_to_their_share_of_a_rate_while_redis_is_down() {
 async fn a_rate_spent_with_the_store_up_stays_spent_when_it_goes() {
     let mut redis = Redis::start();
     let sim = sim(&[("capped", Behavior { latency_ms: 10, ..Default::default() })]);
-    let rated =
-        |addr: &str| config(addr, &redis.url(), &sim, ", rpm: 20").replace("max_concurrent: 3", "max_concurrent: 50");
-    let a = gateway(&rated("127.0.0.1:0")).await;
-    let b = gateway(&rated("127.0.0.1:0")).await;
-    let (a_base, b_base) = (format!("http://{}", a.addr), format!("http://{}", b.addr));
-    for base in [&a_base, &b_base] {
-        wait_shared(base, true).await;
-        wait_replicas(base, 2).await;
-    }
+    let (_a, a_base, _b, b_base) = two_rated_replicas(&redis, &sim).await;
     for i in 0..16 {
         let base = if i % 2 == 0 { &a_base } else { &b_base };
         assert_eq!(ask_chat(base, "capped", Some("2s")).await.status(), 200);

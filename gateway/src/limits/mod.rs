@@ -741,13 +741,14 @@ impl Limiter {
         let asked = tokens;
         let tokens = self.tpm.as_ref().map_or(0, |tpm| tpm.bounded(tokens));
         let started = Instant::now();
+        // Only a counted limit has leases to share (rate buckets are
+        // shared in `rate_wait`).
+        let counted = self.config.max_concurrent.is_some() || self.config.adaptive;
         // Once more at most: a request that took its slot here as the
         // store went away waits again under the share.
-        for again in [false, true] {
+        let mut again = false;
+        loop {
             let mut permit = self.acquire_local((who, model), (tokens, asked), deadline, started).await?;
-            // Only a counted limit has leases to share (rate buckets are
-            // shared in `rate_wait`).
-            let counted = self.config.max_concurrent.is_some() || self.config.adaptive;
             let Some(shared) = self.shared.as_ref().filter(|_| counted) else { return Ok(permit) };
             // In slow start the store keeps one window for every replica
             // until one learns the cap: what any replica's answers prove, all
@@ -761,14 +762,7 @@ impl Limiter {
                     if slow {
                         self.widen_window(f64::from(limit));
                     }
-                    let seen = shared.limit.lock().ok().map(|l| {
-                        // The script reports the whole number; keep the
-                        // fraction additive increase has reached if it agrees.
-                        l.filter(|old| old.floor() as u32 == limit).unwrap_or(f64::from(limit))
-                    });
-                    if let Some(seen) = seen {
-                        self.set_shared_limit(seen);
-                    }
+                    self.set_shared_whole(limit);
                     return Ok(permit);
                 }
                 SharedSlot::Outage(lease) => {
@@ -778,6 +772,7 @@ impl Limiter {
                     // tokens back first; a request unit stays spent).
                     if !again && self.slots.taken() > self.effective_limit() {
                         permit.settle(0);
+                        again = true;
                         continue;
                     }
                     // This replica's own until the store has it again; until
@@ -794,7 +789,6 @@ impl Limiter {
                 }
             }
         }
-        Err(Refused::Deadline { waited: started.elapsed(), retry_after: Duration::from_secs(1) })
     }
 
     async fn acquire_local(
@@ -1032,9 +1026,21 @@ impl Limiter {
     /// away each replica's share is of what all had learned, not of what
     /// it learned alone.
     fn set_shared_limit(&self, limit: f64) {
+        self.update_shared_limit(|_| limit);
+    }
+
+    /// [`Limiter::set_shared_limit`] for the whole number an acquire
+    /// reports: the fraction additive increase has reached is kept if it
+    /// agrees.
+    fn set_shared_whole(&self, whole: u32) {
+        self.update_shared_limit(|old| old.filter(|o| o.floor() as u32 == whole).unwrap_or(f64::from(whole)));
+    }
+
+    fn update_shared_limit(&self, limit: impl FnOnce(Option<f64>) -> f64) {
         if let Some(shared) = &self.shared
             && let Ok(mut l) = shared.limit.lock()
         {
+            let limit = limit(*l);
             *l = Some(limit);
             if self.config.adaptive
                 && let Ok(mut eff) = self.effective.lock()

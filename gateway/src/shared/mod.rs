@@ -419,11 +419,10 @@ struct Keys {
     live: std::sync::Mutex<Live>,
     /// Leases held without the store having them (taken while it was
     /// down, not yet adopted): while any is, this replica keeps to its
-    /// share even with the store up.
+    /// share even with the store up. Changed under `live`'s lock.
     unadopted: AtomicU32,
-    /// The leases held across replicas, and this replica's, as the store
-    /// last said (see [`SharedState::others_held`]).
-    seen: std::sync::Mutex<Option<Seen>>,
+    /// The same, over every upstream: what the request path reads first.
+    unadopted_any: Arc<AtomicU32>,
 }
 
 /// One replica's leases of one upstream, by id: whether the store has
@@ -433,6 +432,9 @@ struct Keys {
 #[derive(Debug, Default)]
 struct Live {
     ids: HashMap<String, (bool, Instant)>,
+    /// The leases held across replicas, and this replica's, as the store
+    /// last said (see [`SharedState::others_held`]).
+    seen: Option<Seen>,
     /// Longest held in the current and the previous [`LONGEST_SPAN`].
     longest: [Duration; 2],
     span_from: Option<Instant>,
@@ -462,14 +464,10 @@ impl Live {
     fn longest(&self) -> Duration {
         self.longest[0].max(self.longest[1])
     }
-
-    fn in_store(&self) -> u32 {
-        self.ids.values().filter(|(stored, _)| *stored).count() as u32
-    }
 }
 
 impl Keys {
-    fn new(prefix: &str, name: &str) -> Self {
+    fn new(prefix: &str, name: &str, unadopted_any: Arc<AtomicU32>) -> Self {
         let key = |what: &str| format!("{prefix}:{{{name}}}:{what}");
         Keys {
             name: name.to_owned(),
@@ -487,16 +485,31 @@ impl Keys {
             wake: Notify::new(),
             live: Default::default(),
             unadopted: AtomicU32::new(0),
-            seen: Default::default(),
+            unadopted_any,
         }
     }
 
-    /// Counts lease `id` as held, by the store or not.
-    fn hold(&self, id: &str, in_store: bool) {
+    /// Counts one more lease unadopted (`by` 1) or one fewer (`by` -1).
+    fn count_unadopted(&self, by: i32) {
+        if by > 0 {
+            self.unadopted.fetch_add(1, Ordering::AcqRel);
+            self.unadopted_any.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.unadopted.fetch_sub(1, Ordering::AcqRel);
+            self.unadopted_any.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Counts lease `id` as held, by the store or not; `held`: the leases
+    /// across replicas the store said it has with it (see [`Keys::saw`]).
+    fn hold(&self, id: &str, in_store: bool, held: Option<u32>) {
         if let Ok(mut live) = self.live.lock() {
             live.ids.insert(id.to_owned(), (in_store, Instant::now()));
             if !in_store {
-                self.unadopted.fetch_add(1, Ordering::AcqRel);
+                self.count_unadopted(1);
+            }
+            if let Some(held) = held {
+                self.note_seen(&mut live, held);
             }
         }
     }
@@ -509,7 +522,7 @@ impl Keys {
         let now = Instant::now();
         live.note_held(now.saturating_duration_since(since), now);
         if !in_store {
-            self.unadopted.fetch_sub(1, Ordering::AcqRel);
+            self.count_unadopted(-1);
         }
         in_store
     }
@@ -532,18 +545,24 @@ impl Keys {
                     && !*in_store
                 {
                     *in_store = true;
-                    self.unadopted.fetch_sub(1, Ordering::AcqRel);
+                    self.count_unadopted(-1);
                 }
             }
         }
     }
 
-    /// The store answered an acquire: `held` leases across replicas.
+    /// The store answered: `held` leases across replicas.
     fn saw(&self, held: u32) {
-        let mine = self.live.lock().map_or(0, |l| l.in_store());
-        if let Ok(mut seen) = self.seen.lock() {
-            *seen = Some(Seen { held, mine, at: Instant::now() });
+        if let Ok(mut live) = self.live.lock() {
+            self.note_seen(&mut live, held);
         }
+    }
+
+    /// [`Keys::saw`] with the lock held: this replica's share of `held`
+    /// is what it holds less what the store does not have.
+    fn note_seen(&self, live: &mut Live, held: u32) {
+        let mine = (live.ids.len() as u32).saturating_sub(self.unadopted.load(Ordering::Acquire));
+        live.seen = Some(Seen { held, mine, at: Instant::now() });
     }
 
     /// The key of a rate bucket.
@@ -611,6 +630,11 @@ pub struct SharedState {
     /// joined), read on the request path.
     down_at: AtomicU64,
     epoch: Instant,
+    /// Every replica last seen is back (see [`SharedState::settled`]),
+    /// as the last heartbeat said.
+    settled: AtomicBool,
+    /// Leases held here that the store does not have, over every upstream.
+    unadopted_any: Arc<AtomicU32>,
 }
 
 /// The store's breaker (see the module docs).
@@ -750,7 +774,9 @@ impl SharedState {
         let (push_tx, push_rx) = mpsc::unbounded_channel::<PushInfo>();
         let conn = Conn::open(url, TIMEOUT, push_tx)?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let keys: Vec<Arc<Keys>> = upstreams.iter().map(|u| Arc::new(Keys::new(PREFIX, u))).collect();
+        let unadopted_any = Arc::new(AtomicU32::new(0));
+        let keys: Vec<Arc<Keys>> =
+            upstreams.iter().map(|u| Arc::new(Keys::new(PREFIX, u, unadopted_any.clone()))).collect();
         let state = Arc::new(SharedState {
             health_channel: format!("{PREFIX}:health"),
             conn,
@@ -777,6 +803,8 @@ impl SharedState {
             breaker: Default::default(),
             down_at: AtomicU64::new(0),
             epoch: Instant::now(),
+            settled: AtomicBool::new(true),
+            unadopted_any,
             upstreams: keys.iter().map(|k| (k.name.clone(), k.clone())).collect(),
             by_channel: keys.iter().map(|k| (k.released.clone(), k.clone())).collect(),
             events: std::sync::Mutex::new(Some(events_rx)),
@@ -823,7 +851,7 @@ impl SharedState {
     /// have said they are alive again (or the missing one is counted
     /// gone) each keeps to its share.
     pub fn settled(&self) -> bool {
-        self.is_up() && self.replica_count.lock().is_ok_and(|c| c.fresh >= c.high)
+        self.is_up() && self.settled.load(Ordering::Acquire)
     }
 
     /// Says this replica is alive and reads how many are.
@@ -836,6 +864,7 @@ impl SharedState {
         {
             count.observe(n, Instant::now());
             count.fresh = fresh;
+            self.settled.store(count.fresh >= count.high, Ordering::Release);
         }
     }
 
@@ -878,15 +907,14 @@ impl SharedState {
         }
     }
 
-    /// How long the store has been away (`None`: it is up, or was never
-    /// joined).
-    fn down_for(&self) -> Option<Duration> {
+    /// When the store went away (`None`: it is up, or was never joined).
+    fn down_since(&self) -> Option<Instant> {
         if self.is_up() {
             return None;
         }
         match self.down_at.load(Ordering::Acquire) {
             0 => None,
-            at => Some(Instant::now().saturating_duration_since(self.epoch + Duration::from_millis(at))),
+            at => Some(self.epoch + Duration::from_millis(at)),
         }
     }
 
@@ -940,12 +968,13 @@ impl SharedState {
     /// flight above its share when the store went. 0 with the store up,
     /// or once that time is past; with it, the time left.
     pub fn others_held(&self, upstream: &str) -> (u32, Duration) {
-        let (Some(keys), Some(down)) = (self.upstreams.get(upstream), self.down_for()) else {
+        let (Some(keys), Some(went)) = (self.upstreams.get(upstream), self.down_since()) else {
             return (0, Duration::ZERO);
         };
-        let longest = keys.live.lock().map_or(Duration::ZERO, |l| l.longest()).max(self.ttl);
-        let Some(seen) = keys.seen.lock().ok().and_then(|s| *s) else { return (0, Duration::ZERO) };
-        let went = Instant::now().checked_sub(down).unwrap_or(seen.at);
+        let Some((longest, Some(seen))) = keys.live.lock().ok().map(|l| (l.longest().max(self.ttl), l.seen)) else {
+            return (0, Duration::ZERO);
+        };
+        let down = went.elapsed();
         // A reading older than a lease's life says nothing of the outage.
         if down >= longest || went.saturating_duration_since(seen.at) > self.ttl {
             return (0, Duration::ZERO);
@@ -955,6 +984,9 @@ impl SharedState {
 
     /// Leases of `upstream` held here that the store does not have yet.
     pub fn unadopted(&self, upstream: &str) -> u32 {
+        if self.unadopted_any.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         self.upstreams.get(upstream).map_or(0, |k| k.unadopted.load(Ordering::Acquire))
     }
 
@@ -988,14 +1020,13 @@ impl SharedState {
                 // Down, or slower than the budget: this replica's own
                 // lease until the store has it. Still armed: a late answer
                 // may have made it a lease or a waiter there.
-                keys.hold(&spot.id, false);
+                keys.hold(&spot.id, false, None);
                 spot.held = true;
                 return SharedSlot::Outage(SharedLease { spot });
             };
             if taken == 1 {
-                keys.hold(&spot.id, true);
+                keys.hold(&spot.id, true, Some(level));
                 spot.held = true;
-                keys.saw(level);
                 return SharedSlot::Leased(SharedLease { spot }, limit_now, level);
             }
             keys.saw(level);
@@ -1307,6 +1338,7 @@ impl SharedState {
         // [`Self::settled`]).
         if let Ok(mut count) = self.replica_count.lock() {
             count.fresh = 0;
+            self.settled.store(count.high == 0, Ordering::Release);
         }
         self.up.store(true, Ordering::Release);
         self.down_at.store(0, Ordering::Release);
