@@ -203,6 +203,45 @@ async fn when_the_store_goes_the_slots_another_replica_holds_are_not_exceeded() 
     within_cap(&sim, 0);
 }
 
+/// The same when the store only stops answering (SIGSTOP): from B's first
+/// unanswered call — before the breaker trips — B counts A's three leases
+/// as held, and sends nothing on top of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn when_the_store_stops_answering_the_slots_another_replica_holds_are_not_exceeded() {
+    let redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 1500, ..Default::default() })]);
+    let (_a, a_base, _b, b_base) = two_replicas(&redis, &sim).await;
+    for base in [&a_base, &b_base] {
+        wait_replicas(base, 2).await;
+    }
+    let on_a: Vec<_> = (0..3)
+        .map(|_| {
+            let base = a_base.clone();
+            tokio::spawn(async move { ask_chat(&base, "capped", None).await.status().as_u16() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    redis.pause();
+    // One at a time, so that B's calls trip its breaker late: each
+    // request is at most one call to the store.
+    let on_b = tokio::spawn({
+        let base = b_base.clone();
+        async move {
+            let mut statuses = Vec::new();
+            for _ in 0..2 {
+                statuses.push(ask_chat(&base, "capped", Some("20s")).await.status().as_u16());
+            }
+            statuses
+        }
+    });
+    for t in on_a {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert_eq!(on_b.await.unwrap(), [200, 200]);
+    redis.resume();
+    within_cap(&sim, 0);
+}
+
 /// A store that stops answering without closing its socket (SIGSTOP: slow,
 /// not gone) trips the store's breaker within a second: no request waits
 /// on it much more than the 50 ms budget, limits go on as shares, and the

@@ -530,7 +530,8 @@ impl Limiter {
     /// of them — this replica's share of it: the limit divided by the
     /// replicas last seen sharing the store (at least 1), so that together
     /// they stay within the provider's cap instead of each applying all of
-    /// it.
+    /// it. From the first call the store leaves unanswered (before its
+    /// breaker trips) also below what the other replicas last held.
     pub fn effective_limit(&self) -> u32 {
         let mut eff = self.effective.lock().map_or(self.cap(), |e| *e);
         let mut replicas = 1;
@@ -540,10 +541,13 @@ impl Limiter {
             if up && let Some(limit) = shared.limit.lock().ok().and_then(|l| *l) {
                 eff = limit;
             }
-            if !shared.state.settled() || shared.state.unadopted(&shared.upstream) > 0 {
+            // Not answered lately (paused, or gone): what the others took
+            // meanwhile is unknown.
+            let trusted = shared.state.trusted();
+            if !trusted || !shared.state.settled() || shared.state.unadopted(&shared.upstream) > 0 {
                 replicas = shared.state.replicas();
             }
-            if !up {
+            if !trusted {
                 let left;
                 (others, left) = shared.state.others_held(&shared.upstream);
                 if others > 0 {

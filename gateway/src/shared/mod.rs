@@ -629,6 +629,11 @@ pub struct SharedState {
     /// When the store last went away (ms after `epoch`, 0: up or never
     /// joined), read on the request path.
     down_at: AtomicU64,
+    /// When a call to the store first went unanswered since its last
+    /// answer (ms after `epoch`, 0: it answered last time). A paused store
+    /// answers nothing but trips the breaker only after [`SLOW_TRIP`]
+    /// calls: from the first, what the other replicas took is unknown.
+    doubt_at: AtomicU64,
     epoch: Instant,
     /// Every replica last seen is back (see [`SharedState::settled`]),
     /// as the last heartbeat said.
@@ -802,6 +807,7 @@ impl SharedState {
             replica_count: std::sync::Mutex::new(ReplicaCount::default()),
             breaker: Default::default(),
             down_at: AtomicU64::new(0),
+            doubt_at: AtomicU64::new(0),
             epoch: Instant::now(),
             settled: AtomicBool::new(true),
             unadopted_any,
@@ -835,6 +841,34 @@ impl SharedState {
     /// Whether the shared store answered last time it was asked.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
+    }
+
+    /// Up, and the last call to it was answered in time: what it says of
+    /// the other replicas is current. Otherwise each replica keeps to its
+    /// share and below what the others last held (see
+    /// [`Self::others_held`]), before the breaker trips too.
+    pub fn trusted(&self) -> bool {
+        self.is_up() && self.doubt_at.load(Ordering::Acquire) == 0
+    }
+
+    /// Since a call went unanswered, or the store went away (the earlier).
+    fn doubt_since(&self) -> Option<Instant> {
+        let at = |v: &AtomicU64| match v.load(Ordering::Acquire) {
+            0 => None,
+            at => Some(self.epoch + Duration::from_millis(at)),
+        };
+        let down = if self.is_up() { None } else { at(&self.down_at) };
+        match (at(&self.doubt_at), down) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A call went unanswered (timed out or failed): doubt from now
+    /// unless already in doubt.
+    fn doubt(&self) {
+        let since = Instant::now().saturating_duration_since(self.epoch).as_millis() as u64;
+        let _ = self.doubt_at.compare_exchange(0, since.max(1), Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Replicas sharing the store, as last seen while it answered (this
@@ -907,17 +941,6 @@ impl SharedState {
         }
     }
 
-    /// When the store went away (`None`: it is up, or was never joined).
-    fn down_since(&self) -> Option<Instant> {
-        if self.is_up() {
-            return None;
-        }
-        match self.down_at.load(Ordering::Acquire) {
-            0 => None,
-            at => Some(self.epoch + Duration::from_millis(at)),
-        }
-    }
-
     async fn call<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Option<T> {
         self.call_within(inv, BUDGET, true).await
     }
@@ -936,13 +959,20 @@ impl SharedState {
         }
         let mut conn = self.conn.clone();
         match tokio::time::timeout(within, inv.invoke_async::<T>(&mut conn)).await {
-            Ok(Ok(v)) => Some(v),
+            Ok(Ok(v)) => {
+                if self.doubt_at.load(Ordering::Relaxed) != 0 {
+                    self.doubt_at.store(0, Ordering::Release);
+                }
+                Some(v)
+            }
             Ok(Err(err)) => {
+                self.doubt();
                 self.down(&format!("unreachable: {err}"));
                 None
             }
             Err(_) => {
                 if late_is_slow {
+                    self.doubt();
                     self.slow_call();
                 }
                 None
@@ -966,9 +996,10 @@ impl SharedState {
     /// keeps below the cap minus them, not only to its share, so that
     /// nothing is sent on top of the requests another replica had in
     /// flight above its share when the store went. 0 with the store up,
-    /// or once that time is past; with it, the time left.
+    /// or once that time is past; with it, the time left. The same from
+    /// the first call the store left unanswered (see [`Self::trusted`]).
     pub fn others_held(&self, upstream: &str) -> (u32, Duration) {
-        let (Some(keys), Some(went)) = (self.upstreams.get(upstream), self.down_since()) else {
+        let (Some(keys), Some(went)) = (self.upstreams.get(upstream), self.doubt_since()) else {
             return (0, Duration::ZERO);
         };
         let Some((longest, Some(seen))) = keys.live.lock().ok().map(|l| (l.longest().max(self.ttl), l.seen)) else {
@@ -1342,6 +1373,7 @@ impl SharedState {
         }
         self.up.store(true, Ordering::Release);
         self.down_at.store(0, Ordering::Release);
+        self.doubt_at.store(0, Ordering::Release);
         let adopted = adopted + self.renew_all(false).await.unwrap_or(0);
         let (rejoined, tripped_at) = self
             .breaker
