@@ -35,7 +35,7 @@ async fn main() -> anyhow::Result<()> {
         let _: String = redis::cmd("PING").query_async(&mut plain).await?;
         let t1 = Instant::now();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let SharedSlot::Leased(lease, _, _) = state.acquire("bench", (1000, 0), deadline).await else {
+        let SharedSlot::Leased(lease, _, _) = state.acquire("bench", (1000, 0, 0.0), deadline).await else {
             anyhow::bail!("no lease");
         };
         let t2 = Instant::now();

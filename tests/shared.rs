@@ -574,6 +574,53 @@ async fn rate_buckets_and_the_learned_limit_are_shared() {
     assert!(seen < 8, "D uses the limit C learned: {state}");
 }
 
+/// A store that restarts empty has forgotten the limit learned: the first
+/// acquire after it puts back the one this replica learned, so the next
+/// burst is not sent at the declared 8 to learn the cap of 2 again from
+/// the provider's refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_limit_learned_survives_the_store_restarting_empty() {
+    let mut redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { reject_over: Some(2), latency_ms: 150, ..Default::default() })]);
+    let c =
+        gateway(&config("127.0.0.1:0", &redis.url(), &sim, "").replace("max_concurrent: 3", "max_concurrent: 8")).await;
+    let base = format!("http://{}", c.addr);
+    wait_shared(&base, true).await;
+    let burst = |n: usize| {
+        let base = base.clone();
+        async move {
+            let tasks: Vec<_> = (0..n)
+                .map(|_| {
+                    let base = base.clone();
+                    tokio::spawn(async move { ask_chat(&base, "capped", Some("20s")).await.status().as_u16() })
+                })
+                .collect();
+            for t in tasks {
+                assert_eq!(t.await.unwrap(), 200);
+            }
+        }
+    };
+    burst(8).await;
+    let learning = sim.state.rejected.load(Ordering::SeqCst);
+    assert!(learning > 0, "the cap of 2 was learned from refusals");
+    redis.stop();
+    redis.restart();
+    // The replica notices (a call fails) and rejoins the empty store.
+    for _ in 0..20 {
+        assert_eq!(ask_chat(&base, "capped", Some("5s")).await.status(), 200);
+        if upstreams(&base).await["upstreams"][0]["shared"] == false {
+            break;
+        }
+    }
+    wait_shared(&base, true).await;
+    burst(12).await;
+    let after = sim.state.rejected.load(Ordering::SeqCst) - learning;
+    assert!(after <= 1, "{after} refusals after the store restarted: the cap was learned again");
+    let mut conn = redis.conn().await;
+    let limit: String = redis::cmd("GET").arg("tidegate:{sim}:limit").query_async(&mut conn).await.unwrap();
+    assert!(limit.parse::<f64>().unwrap() < 3.0, "the learned limit is back in the store: {limit}");
+}
+
 /// Refusals come back together: seven leases held, five of them refused
 /// at once, lower the shared limit to the two the provider accepted. Each
 /// refusal lowers and gives its lease back in one step; lowered apart, all
@@ -593,7 +640,7 @@ async fn a_wave_of_refusals_lowers_the_shared_limit_once_each() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut leases = Vec::new();
     for _ in 0..7 {
-        match state.acquire("u", (100, 0), deadline).await {
+        match state.acquire("u", (100, 0, 0.0), deadline).await {
             SharedSlot::Leased(lease, limit, _) => {
                 assert_eq!(limit, 100);
                 leases.push(lease);
@@ -613,7 +660,7 @@ async fn a_wave_of_refusals_lowers_the_shared_limit_once_each() {
         "lowered to the accepted ones, the refused leases given back: {lowered:?}"
     );
     // The next acquire waits: two held under a limit of two.
-    let wait = state.acquire("u", (100, 0), Instant::now() + Duration::from_millis(300)).await;
+    let wait = state.acquire("u", (100, 0, 0.0), Instant::now() + Duration::from_millis(300)).await;
     assert!(matches!(wait, SharedSlot::Deadline), "a third lease under the learned limit of 2");
 }
 

@@ -759,7 +759,7 @@ impl Limiter {
             // replicas' requests count (see `shared::SLOW_START`).
             let slow = self.slow.window().is_some();
             let first = if slow { self.first_window() as u32 } else { 0 };
-            match shared.state.acquire(&shared.upstream, (self.cap() as u32, first), deadline).await {
+            match shared.state.acquire(&shared.upstream, (self.cap() as u32, first, self.learned()), deadline).await {
                 SharedSlot::Leased(lease, limit, level) => {
                     permit.shared = Some(lease);
                     permit.level = level;
@@ -987,6 +987,16 @@ impl Limiter {
         if self.slow.widen(to) {
             self.dispatch();
         }
+    }
+
+    /// The limit learned (past slow start, below the cap), 0 if none: put
+    /// back in a store that lost it (see `shared::ACQUIRE`).
+    fn learned(&self) -> f64 {
+        if !self.config.adaptive || self.slow.window().is_some() {
+            return 0.0;
+        }
+        let learned = self.effective.lock().map_or(0.0, |e| *e);
+        if learned < self.cap() { learned.max(0.0) } else { 0.0 }
     }
 
     /// Slow start's first window (see [`INITIAL_WINDOW`]).

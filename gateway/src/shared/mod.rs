@@ -78,6 +78,12 @@ const CLOSE_AFTER: u32 = 4;
 /// Most lease ids put back in one call (see [`RENEW_ALL`]).
 const RENEW_CHUNK: usize = 500;
 
+/// A lease under the shared limit, or a place in the waiting line. KEYS:
+/// leases, waiters, waiters' expiries, limit, slow start's window; ARGV:
+/// id, ms to live, the cap, slow start's first window (0: past it), and
+/// the limit this replica learned (0: none). With no limit stored (a store
+/// that restarted empty) the one learned is put back, so that a cap learned
+/// is not learned again from the provider's refusals.
 const ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -89,9 +95,13 @@ for _, w in ipairs(stale) do
   redis.call('ZREM', KEYS[3], w)
 end
 local stored = redis.call('GET', KEYS[4])
+local learned = tonumber(ARGV[5])
 local limit
 if stored then
   limit = math.floor(tonumber(stored))
+elseif learned > 0 then
+  redis.call('SET', KEYS[4], ARGV[5])
+  limit = math.floor(learned)
 else
   limit = tonumber(ARGV[3])
   local first = tonumber(ARGV[4])
@@ -1022,11 +1032,12 @@ impl SharedState {
     }
 
     /// Waits for a slot under the shared limit of `upstream` (`cap`: its
-    /// declared or adaptive maximum) until `deadline`.
+    /// declared or adaptive maximum; `learned`: the limit this replica
+    /// learned, 0 if none) until `deadline`.
     pub async fn acquire(
         self: &Arc<Self>,
         upstream: &str,
-        (cap, first_window): (u32, u32),
+        (cap, first_window, learned): (u32, u32, f64),
         deadline: Instant,
     ) -> SharedSlot {
         let Some(keys) = self.upstreams.get(upstream) else { return SharedSlot::Unavailable };
@@ -1038,7 +1049,7 @@ impl SharedState {
             notified.as_mut().enable();
             let mut inv = self.scripts.acquire.prepare_invoke();
             inv.key(&keys.leases).key(&keys.waiters).key(&keys.waiters_exp).key(&keys.limit).key(&keys.window);
-            inv.arg(&spot.id).arg(self.ttl.as_millis() as u64).arg(cap).arg(first_window);
+            inv.arg(&spot.id).arg(self.ttl.as_millis() as u64).arg(cap).arg(first_window).arg(learned);
             // From the moment the script may run, this id may be a waiter
             // or hold a lease: dropped before its answer is read (a pool's
             // request that another account served first), it must leave
