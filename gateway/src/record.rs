@@ -165,11 +165,85 @@ impl AttemptLog {
     }
 }
 
-/// Token counts reported by the upstream (stream events or JSON body).
+/// Token counts reported by the upstream (stream events or JSON body),
+/// in one meaning whatever the protocol: `input` is every input token
+/// (those read from or written to the prompt cache included, which
+/// Anthropic counts apart), `output` every output token (reasoning
+/// included, which Gemini counts apart). A count the upstream did not
+/// report is `None`.
+///
+/// A stream reports its usage in pieces (input first and output last,
+/// or cumulative counts on every event): each protocol's `take_*` takes
+/// one report in, a count it has replacing the one held, so that the last
+/// word on each count wins and counts said once are kept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// Prompt / input tokens.
+    /// Input tokens, cached ones included.
     pub input: Option<u64>,
-    /// Completion / output tokens.
+    /// Output tokens, reasoning included.
     pub output: Option<u64>,
+    /// Input tokens read from the provider's prompt cache.
+    pub cached: Option<u64>,
+    /// Input tokens written to the prompt cache (Anthropic).
+    pub cache_written: Option<u64>,
+    /// Output tokens spent reasoning.
+    pub reasoning: Option<u64>,
+}
+
+impl Usage {
+    /// An OpenAI report (chat `prompt_tokens`, `completion_tokens` and
+    /// their details; Responses `input_tokens`, `output_tokens`): already
+    /// in this meaning.
+    pub fn take_openai(
+        &mut self,
+        input: Option<u64>,
+        output: Option<u64>,
+        cached: Option<u64>,
+        reasoning: Option<u64>,
+    ) {
+        self.input = input.or(self.input);
+        self.output = output.or(self.output);
+        self.cached = cached.or(self.cached);
+        self.reasoning = reasoning.or(self.reasoning);
+    }
+
+    /// An Anthropic report: its `input_tokens` leaves out the tokens read
+    /// from (`read`) and written to (`written`) the cache, so `input` is
+    /// the three together; a report without one of them keeps the one
+    /// said before.
+    pub fn take_anthropic(&mut self, fresh: Option<u64>, read: Option<u64>, written: Option<u64>, output: Option<u64>) {
+        let before = self.input.map(|i| i.saturating_sub(self.cached.unwrap_or(0) + self.cache_written.unwrap_or(0)));
+        if fresh.is_some() || read.is_some() || written.is_some() {
+            self.cached = read.or(self.cached);
+            self.cache_written = written.or(self.cache_written);
+            let fresh = fresh.or(before).unwrap_or(0);
+            self.input = Some(fresh + self.cached.unwrap_or(0) + self.cache_written.unwrap_or(0));
+        }
+        self.output = output.or(self.output);
+    }
+
+    /// A Gemini `usageMetadata`: its `candidatesTokenCount` leaves out the
+    /// thoughts, so `output` is both; `promptTokenCount` includes the
+    /// cached content.
+    pub fn take_gemini(
+        &mut self,
+        prompt: Option<u64>,
+        candidates: Option<u64>,
+        thoughts: Option<u64>,
+        cached: Option<u64>,
+    ) {
+        let before = self.output.map(|o| o.saturating_sub(self.reasoning.unwrap_or(0)));
+        if candidates.is_some() || thoughts.is_some() {
+            self.reasoning = thoughts.or(self.reasoning);
+            self.output = Some(candidates.or(before).unwrap_or(0) + self.reasoning.unwrap_or(0));
+        }
+        self.input = prompt.or(self.input);
+        self.cached = cached.or(self.cached);
+    }
+
+    /// Input and output together: what a request used of a tokens-a-minute
+    /// limit.
+    pub fn total(&self) -> u64 {
+        self.input.unwrap_or(0) + self.output.unwrap_or(0)
+    }
 }

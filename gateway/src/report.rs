@@ -173,7 +173,6 @@ impl Report {
 
     /// The journal's record; moves what the report owns (it is finished).
     fn record(&mut self, outcome: Outcome, sink: &Sink, total: Duration) -> Record {
-        let tokens = |n: Option<u64>| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
         let (n_attempts, first) = (self.attempts.len(), self.attempts.first().map(|a| a.upstream));
         let status = self.status;
         let mut attempts = std::mem::take(&mut self.attempts);
@@ -199,9 +198,8 @@ impl Report {
             model: self.model.take(),
             queue_us: micros(self.queue_wait),
             total_us: micros(total),
-            ttfb_us: self.ttfb.map(micros),
-            tokens_in: tokens(self.usage.input),
-            tokens_out: tokens(self.usage.output),
+            ttfb_us: self.ttfb.and_then(|d| std::num::NonZeroI64::new(micros(d).max(1))),
+            tokens: crate::journal::TokenCounts::of(&self.usage),
             status,
             n_attempts: u16::try_from(n_attempts).unwrap_or(u16::MAX),
             upstream: first.and_then(|i| u16::try_from(i.index()).ok()),

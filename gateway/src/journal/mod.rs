@@ -77,10 +77,16 @@ pub struct Row {
     pub ttfb_ms: Option<f64>,
     /// Total time.
     pub total_ms: f64,
-    /// Prompt tokens.
+    /// Input tokens, cached ones included.
     pub tokens_in: Option<u64>,
-    /// Completion tokens.
+    /// Output tokens, reasoning included.
     pub tokens_out: Option<u64>,
+    /// Input tokens read from the provider's prompt cache.
+    pub tokens_cached: Option<u64>,
+    /// Input tokens written to the prompt cache (Anthropic).
+    pub tokens_cache_written: Option<u64>,
+    /// Output tokens spent reasoning.
+    pub tokens_reasoning: Option<u64>,
     /// Text delivered before an incomplete stream broke.
     pub partial: Option<String>,
     /// Number of attempts.
@@ -144,12 +150,11 @@ pub struct Record {
     pub queue_us: i64,
     /// Total time, microseconds.
     pub total_us: i64,
-    /// Time to first byte, microseconds.
-    pub ttfb_us: Option<i64>,
-    /// Prompt tokens.
-    pub tokens_in: Option<u32>,
-    /// Completion tokens.
-    pub tokens_out: Option<u32>,
+    /// Time to first byte, microseconds (at least 1: the zero niche
+    /// keeps the field 8 bytes).
+    pub ttfb_us: Option<std::num::NonZeroI64>,
+    /// Tokens the upstream reported.
+    pub tokens: TokenCounts,
     /// Status sent to the client.
     pub status: u16,
     /// Number of attempts.
@@ -177,6 +182,53 @@ pub struct Record {
     pub generation: u16,
     /// Error, partial text and attempts, when the request has any.
     pub detail: Option<Box<Detail>>,
+}
+
+/// A record's token counts — input, output, cached, written to the cache,
+/// reasoning (see [`crate::record::Usage`]) — in 20 bytes, where five
+/// `Option<u32>` take 40: `u32::MAX` is a count not reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenCounts([u32; 5]);
+
+impl TokenCounts {
+    const NONE: u32 = u32::MAX;
+
+    /// The counts of `u` (one too large for the journal is kept as the
+    /// largest it can say).
+    pub fn of(u: &crate::record::Usage) -> Self {
+        let c =
+            |n: Option<u64>| n.map_or(Self::NONE, |n| u32::try_from(n).unwrap_or(Self::NONE - 1).min(Self::NONE - 1));
+        TokenCounts([c(u.input), c(u.output), c(u.cached), c(u.cache_written), c(u.reasoning)])
+    }
+
+    fn get(&self, i: usize) -> Option<u32> {
+        self.0.get(i).copied().filter(|n| *n != Self::NONE)
+    }
+
+    /// Input tokens, cached ones included.
+    pub fn input(&self) -> Option<u32> {
+        self.get(0)
+    }
+
+    /// Output tokens, reasoning included.
+    pub fn output(&self) -> Option<u32> {
+        self.get(1)
+    }
+
+    /// Input tokens read from the prompt cache.
+    pub fn cached(&self) -> Option<u32> {
+        self.get(2)
+    }
+
+    /// Input tokens written to the prompt cache.
+    pub fn cache_written(&self) -> Option<u32> {
+        self.get(3)
+    }
+
+    /// Output tokens spent reasoning.
+    pub fn reasoning(&self) -> Option<u32> {
+        self.get(4)
+    }
 }
 
 /// What only a request that is not a plain success carries.
@@ -502,9 +554,14 @@ mod tests {
             model: r.model.as_deref().map(Arc::from),
             queue_us: us(r.queue_ms),
             total_us: us(r.total_ms),
-            ttfb_us: r.ttfb_ms.map(us),
-            tokens_in: r.tokens_in.map(|n| n as u32),
-            tokens_out: r.tokens_out.map(|n| n as u32),
+            ttfb_us: r.ttfb_ms.map(us).and_then(std::num::NonZeroI64::new),
+            tokens: TokenCounts::of(&crate::record::Usage {
+                input: r.tokens_in,
+                output: r.tokens_out,
+                cached: r.tokens_cached,
+                cache_written: r.tokens_cache_written,
+                reasoning: r.tokens_reasoning,
+            }),
             status: r.status,
             n_attempts: r.n_attempts as u16,
             upstream: r.targets.split(',').next().filter(|n| !n.is_empty()).map(|n| index(n).index() as u16),
@@ -642,6 +699,9 @@ mod tests {
                 total_ms: 2.5,
                 tokens_in: Some(i as u64),
                 tokens_out: None,
+                tokens_cached: (i % 4 == 0).then_some(i as u64 / 2),
+                tokens_cache_written: (i == 8).then_some(3),
+                tokens_reasoning: (i % 5 == 0).then_some(1),
                 partial: (i == 69).then(|| "part".into()),
                 anomaly: i == 5,
                 ..row(v7(1_000 + i as i64), 1_000 + i as i64)

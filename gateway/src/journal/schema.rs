@@ -5,7 +5,7 @@ use super::*;
 
 /// The journal's format; a file of an older one is set aside (see
 /// [`open`]).
-pub(super) const VERSION: i64 = 5;
+pub(super) const VERSION: i64 = 6;
 
 /// Requests are keyed by the first half of their id (time and a sequence,
 /// unique and growing: see [`crate::request_id`]) as SQLite's integer
@@ -19,7 +19,7 @@ pub(super) const VERSION: i64 = 5;
 ///
 /// The `requests` columns are listed once, in [`REQUEST_TABLE`]: the
 /// table, the INSERT, the SELECT and the binding follow that list.
-pub(super) const REQUEST_TABLE: [(&str, &str); 22] = [
+pub(super) const REQUEST_TABLE: [(&str, &str); 25] = [
     ("id", "INTEGER PRIMARY KEY"),
     ("id_lo", "INTEGER NOT NULL"),
     ("client", "TEXT"),
@@ -42,6 +42,9 @@ pub(super) const REQUEST_TABLE: [(&str, &str); 22] = [
     ("protocol", "TEXT"),
     ("dropped", "TEXT"),
     ("via", "TEXT"),
+    ("tokens_cached", "INTEGER"),
+    ("tokens_cache_written", "INTEGER"),
+    ("tokens_reasoning", "INTEGER"),
 ];
 
 /// The column names of [`REQUEST_TABLE`], comma-separated, in order.
@@ -72,7 +75,8 @@ CREATE VIEW IF NOT EXISTS requests_view AS SELECT
     strftime('%Y-%m-%d %H:%M:%f', (id >> 16) / 1000.0, 'unixepoch') AS time_utc,
     client, model, stream, outcome, status, class, error, targets, queue_us / 1000.0 AS queue_ms,
     ttfb_us / 1000.0 AS ttfb_ms, total_us / 1000.0 AS total_ms, tokens_in, tokens_out, partial, n_attempts,
-    anomaly, completion_from, protocol, dropped, via, id AS key
+    anomaly, completion_from, protocol, dropped, via, tokens_cached, tokens_cache_written, tokens_reasoning,
+    id AS key
     FROM requests;
 ";
 
@@ -126,6 +130,16 @@ pub(super) fn open(path: &Path) -> rusqlite::Result<Connection> {
             {
                 if !has(table, column)? {
                     tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} TEXT;"))?;
+                }
+            }
+            tx.execute_batch("DROP VIEW IF EXISTS requests_view;")?;
+        }
+        // Version 5 (or older) lacks the cache's and reasoning's token
+        // counts: added (NULL in old rows), the view made anew.
+        if (2..6).contains(&version) && !first_format {
+            for column in ["tokens_cached", "tokens_cache_written", "tokens_reasoning"] {
+                if !has("requests", column)? {
+                    tx.execute_batch(&format!("ALTER TABLE requests ADD COLUMN {column} INTEGER;"))?;
                 }
             }
             tx.execute_batch("DROP VIEW IF EXISTS requests_view;")?;

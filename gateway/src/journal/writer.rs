@@ -177,10 +177,10 @@ pub(super) fn bind_request(
     b.opt(detail.and_then(|d| d.error.as_deref()))?;
     b.put(targets)?;
     b.put(r.queue_us)?;
-    b.opt(r.ttfb_us)?;
+    b.opt(r.ttfb_us.map(std::num::NonZeroI64::get))?;
     b.put(r.total_us)?;
-    b.opt(r.tokens_in)?;
-    b.opt(r.tokens_out)?;
+    b.opt(r.tokens.input())?;
+    b.opt(r.tokens.output())?;
     b.opt(detail.and_then(|d| d.partial.as_deref()))?;
     b.put(r.n_attempts)?;
     b.put(r.anomaly)?;
@@ -188,6 +188,9 @@ pub(super) fn bind_request(
     b.opt(r.protocol.map(crate::protocol::Protocol::name))?;
     b.opt(detail.and_then(|d| d.dropped.as_deref()))?;
     b.opt(r.via.map(crate::protocol::Protocol::name))?;
+    b.opt(r.tokens.cached())?;
+    b.opt(r.tokens.cache_written())?;
+    b.opt(r.tokens.reasoning())?;
     debug_assert_eq!(b.at - base, REQUEST_COLUMNS, "bind_request binds every column of REQUEST_TABLE");
     Ok(())
 }

@@ -327,6 +327,19 @@ pub struct Tokens {
     pub reasoning: u64,
 }
 
+impl From<crate::record::Usage> for Tokens {
+    /// A reader's counts so far (a count not reported is 0 here).
+    fn from(u: crate::record::Usage) -> Self {
+        Tokens {
+            input: u.input.unwrap_or(0),
+            output: u.output.unwrap_or(0),
+            cached: u.cached.unwrap_or(0),
+            cache_written: u.cache_written.unwrap_or(0),
+            reasoning: u.reasoning.unwrap_or(0),
+        }
+    }
+}
+
 impl Tokens {
     /// Takes in a later count (a stream's [`Delta::Tokens`]): field by
     /// field, a count it has replaces the one held, a zero leaves it.
@@ -417,7 +430,9 @@ pub enum Delta {
         /// The piece.
         args: String,
     },
-    /// Token counts so far (the last one wins, field by field).
+    /// Token counts so far, whole: the reader gathers the pieces a
+    /// protocol reports them in (see [`crate::record::Usage`]), so the
+    /// last of these is the answer's.
     Tokens(Tokens),
     /// Why it stopped.
     Stop(Stop),

@@ -204,40 +204,82 @@ fn read_whole(seen: &mut Seen, protocol: Protocol, text_cap: usize, raw: &[u8]) 
     (kind, data_at)
 }
 
-/// Token usage from the end of a JSON answer (`usage` is at or near the
-/// end for every protocol), without parsing the whole body.
+/// Token usage from the end of a JSON answer (`usage`, or Gemini's
+/// `usageMetadata`, is at or near the end for every protocol), without
+/// parsing the whole body; in [`Usage`]'s one meaning whatever the
+/// protocol (told by the names of its counts).
 pub fn usage_in_json(tail: &[u8]) -> Usage {
     use memchr::memmem::{Finder, FinderRev};
     use std::sync::LazyLock;
+    // The counts' names, as every protocol spells them.
+    const KEYS: [&str; 13] = [
+        "\"prompt_tokens\"",
+        "\"input_tokens\"",
+        "\"completion_tokens\"",
+        "\"output_tokens\"",
+        "\"cached_tokens\"",
+        "\"prompt_cache_hit_tokens\"",
+        "\"reasoning_tokens\"",
+        "\"cache_read_input_tokens\"",
+        "\"cache_creation_input_tokens\"",
+        "\"promptTokenCount\"",
+        "\"candidatesTokenCount\"",
+        "\"thoughtsTokenCount\"",
+        "\"cachedContentTokenCount\"",
+    ];
     // Searchers built once: this runs for every JSON answer. On bytes: the
     // keys and digits are ASCII (no UTF-8 pass over the tail). The counts
     // are looked for after the last `"usage"` (a few dozen bytes, where
     // every protocol puts them), and in the whole tail only without one.
-    static USAGE: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new("\"usage\""));
-    static KEYS: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
-        ["\"prompt_tokens\"", "\"input_tokens\"", "\"completion_tokens\"", "\"output_tokens\""].map(Finder::new)
-    });
-    static KEYS_REV: LazyLock<[FinderRev<'static>; 4]> = LazyLock::new(|| {
-        ["\"prompt_tokens\"", "\"input_tokens\"", "\"completion_tokens\"", "\"output_tokens\""].map(FinderRev::new)
-    });
+    static USAGE: LazyLock<[FinderRev<'static>; 2]> =
+        LazyLock::new(|| ["\"usage\"", "\"usageMetadata\""].map(FinderRev::new));
+    static FIND: LazyLock<[Finder<'static>; 13]> = LazyLock::new(|| KEYS.map(Finder::new));
+    static FIND_REV: LazyLock<[FinderRev<'static>; 13]> = LazyLock::new(|| KEYS.map(FinderRev::new));
     let number = |rest: &[u8]| -> Option<u64> {
         let rest = rest.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
         let end = rest.iter().position(|c| !c.is_ascii_digit()).unwrap_or(rest.len());
         std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
     };
-    if let Some(at) = USAGE.rfind(tail) {
+    let read = |count: &dyn Fn(usize) -> Option<u64>| {
+        let [
+            prompt,
+            input,
+            completion,
+            output,
+            cached,
+            hit,
+            reasoning,
+            read,
+            written,
+            g_prompt,
+            g_out,
+            g_thoughts,
+            g_cached,
+        ] = std::array::from_fn::<_, 13, _>(count);
+        let mut usage = Usage::default();
+        if g_prompt.is_some() || g_out.is_some() || g_thoughts.is_some() {
+            usage.take_gemini(g_prompt, g_out, g_thoughts, g_cached);
+        } else if read.is_some() || written.is_some() {
+            usage.take_anthropic(input, read, written, output);
+        } else {
+            usage.take_openai(prompt.or(input), completion.or(output), cached.or(hit), reasoning);
+        }
+        usage
+    };
+    if let Some(at) = USAGE.iter().filter_map(|f| f.rfind(tail)).max() {
         let usage = &tail[at..];
-        let find = |f: &Finder<'_>| number(&usage[f.find(usage)? + f.needle().len()..]);
-        let [prompt, input, completion, output] = &*KEYS;
-        let found =
-            Usage { input: find(prompt).or_else(|| find(input)), output: find(completion).or_else(|| find(output)) };
+        let found = read(&|i| {
+            let f = &FIND[i];
+            number(&usage[f.find(usage)? + f.needle().len()..])
+        });
         if found != Usage::default() {
             return found;
         }
     }
-    let find = |f: &FinderRev<'_>| number(&tail[f.rfind(tail)? + f.needle().len()..]);
-    let [prompt, input, completion, output] = &*KEYS_REV;
-    Usage { input: find(prompt).or_else(|| find(input)), output: find(completion).or_else(|| find(output)) }
+    read(&|i| {
+        let f = &FIND_REV[i];
+        number(&tail[f.rfind(tail)? + f.needle().len()..])
+    })
 }
 
 #[cfg(test)]
@@ -283,7 +325,7 @@ mod tests {
         assert_eq!(kinds[2], Kind::KeepAlive);
         assert_eq!(*kinds.last().unwrap(), Kind::Done);
         assert_eq!(s.seen.text, "tok0 tok1 ");
-        assert_eq!(s.seen.usage, Usage { input: Some(10), output: Some(2) });
+        assert_eq!(s.seen.usage, Usage { input: Some(10), output: Some(2), ..Usage::default() });
     }
 
     #[test]
@@ -368,18 +410,35 @@ mod tests {
 
     #[test]
     fn usage_from_json_answers() {
+        let io = |input, output| Usage { input: Some(input), output: Some(output), ..Usage::default() };
         let oa = br#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}"#;
-        assert_eq!(usage_in_json(oa), Usage { input: Some(12), output: Some(34) });
+        assert_eq!(usage_in_json(oa), io(12, 34));
         let an = br#"{"content":[],"usage":{"input_tokens": 7, "output_tokens": 9}}"#;
-        assert_eq!(usage_in_json(an), Usage { input: Some(7), output: Some(9) });
+        assert_eq!(usage_in_json(an), io(7, 9));
         assert_eq!(usage_in_json(b"{}"), Usage::default());
         // Responses API: fields after the usage object.
         let responses = br#"{"output":[],"usage":{"input_tokens":3,"output_tokens":4},"user":null,"metadata":{}}"#;
-        assert_eq!(usage_in_json(responses), Usage { input: Some(3), output: Some(4) });
+        assert_eq!(usage_in_json(responses), io(3, 4));
         // Counts not under a "usage" key, or a later "usage" without them:
         // the whole tail is searched.
         let bare = br#"{"prompt_tokens":5,"completion_tokens":6,"text":"the \"usage\" word"}"#;
-        assert_eq!(usage_in_json(bare), Usage { input: Some(5), output: Some(6) });
+        assert_eq!(usage_in_json(bare), io(5, 6));
+        // Every count, each protocol in its own names and meaning.
+        let all = |input, output, cached, written, reasoning| Usage {
+            input: Some(input),
+            output: Some(output),
+            cached,
+            cache_written: written,
+            reasoning,
+        };
+        let oa = br#"{"usage":{"prompt_tokens":20,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":16},"completion_tokens_details":{"reasoning_tokens":4}}}"#;
+        assert_eq!(usage_in_json(oa), all(20, 9, Some(16), None, Some(4)));
+        let an = br#"{"usage":{"input_tokens":3,"cache_creation_input_tokens":5,"cache_read_input_tokens":12,"output_tokens":9}}"#;
+        assert_eq!(usage_in_json(an), all(20, 9, Some(12), Some(5), None));
+        let gemini = br#"{"candidates":[],"usageMetadata":{"promptTokenCount":20,"candidatesTokenCount":5,"totalTokenCount":29,"cachedContentTokenCount":16,"thoughtsTokenCount":4}}"#;
+        assert_eq!(usage_in_json(gemini), all(20, 9, Some(16), None, Some(4)));
+        let deepseek = br#"{"usage":{"prompt_tokens":20,"completion_tokens":9,"prompt_cache_hit_tokens":16}}"#;
+        assert_eq!(usage_in_json(deepseek), all(20, 9, Some(16), None, None));
     }
 
     #[test]

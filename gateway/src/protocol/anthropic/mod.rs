@@ -70,8 +70,12 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
         return if unreadable(data) { Kind::Unreadable } else { Kind::Content };
     };
     if let Some(u) = event.message.as_ref().and_then(|m| m.usage.as_ref()).or(event.usage.as_ref()) {
-        seen.usage.input = u.input_tokens.or(seen.usage.input);
-        seen.usage.output = u.output_tokens.or(seen.usage.output);
+        seen.usage.take_anthropic(
+            u.input_tokens,
+            u.cache_read_input_tokens,
+            u.cache_creation_input_tokens,
+            u.output_tokens,
+        );
     }
     if let Some(delta) = &event.delta {
         if let Some(t) = &delta.text {
@@ -187,6 +191,10 @@ struct EventUsage {
     input_tokens: Option<u64>,
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
 }
 
 #[cfg(test)]

@@ -9,17 +9,21 @@ use crate::protocol::stream_turn::{StreamReader, StreamWriter};
 use bytes::{BufMut, BytesMut};
 use serde_json::{Value, json};
 
-use super::turn::{TRANSLATED_SIGNATURE, message_id, stop_of, stop_reason, usage_of, usage_value};
+use super::turn::{TRANSLATED_SIGNATURE, message_id, stop_of, stop_reason, take_usage, usage_value};
 use crate::protocol::Protocol;
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{put_str, put_u64};
 use crate::protocol::turn::{Calls, Delta, Opaque, Stop, Tokens, ToolCall};
+use crate::record::Usage;
 
 /// Messages events into deltas.
 #[derive(Debug, Default)]
 pub struct Reader {
     /// Block index → tool call (its deltas are argument pieces).
     tools: std::collections::HashSet<u32>,
+    /// The counts so far: input in `message_start`, output (and, lately,
+    /// input again) in `message_delta`.
+    usage: Usage,
 }
 
 impl StreamReader for Reader {
@@ -34,7 +38,8 @@ impl StreamReader for Reader {
                     id: m["id"].as_str().unwrap_or_default().to_owned(),
                     model: m["model"].as_str().unwrap_or_default().to_owned(),
                 });
-                out.push(Delta::Tokens(usage_of(&m["usage"])));
+                take_usage(&mut self.usage, &m["usage"]);
+                out.push(Delta::Tokens(self.usage.into()));
             }
             "content_block_start" => {
                 let index = v["index"].as_u64().unwrap_or(0) as u32;
@@ -83,7 +88,8 @@ impl StreamReader for Reader {
                     out.push(Delta::Stop(stop_of(reason, v["delta"]["stop_sequence"].as_str())));
                 }
                 if v["usage"].is_object() {
-                    out.push(Delta::Tokens(usage_of(&v["usage"])));
+                    take_usage(&mut self.usage, &v["usage"]);
+                    out.push(Delta::Tokens(self.usage.into()));
                 }
             }
             "message_stop" => out.push(Delta::Done),
@@ -239,7 +245,7 @@ impl StreamWriter for Writer {
                 self.block_delta(json!({"type": "thinking_delta", "thinking": text}), out);
             }
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
-            Delta::Tokens(u) => self.usage.merge(u),
+            Delta::Tokens(u) => self.usage = u,
             Delta::Stop(stop) => self.stop = Some(stop),
             // The trait's `write` ends the stream and holds the calls.
             Delta::Done | Delta::Error { .. } | Delta::ToolCall { .. } | Delta::ToolArgs { .. } => {}

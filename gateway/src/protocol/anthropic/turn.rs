@@ -25,6 +25,7 @@ use crate::protocol::turn::{
     Image, Opaque, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice, push,
     refusal,
 };
+use crate::record::Usage;
 
 /// The signature of a thinking block translated from another provider's
 /// reasoning.
@@ -597,16 +598,21 @@ pub(super) fn stop_reason(stop: &Stop) -> (&'static str, Value) {
     }
 }
 
+/// Takes a messages `usage` into `into` (see [`Usage::take_anthropic`]).
+pub(super) fn take_usage(into: &mut Usage, u: &Value) {
+    let n = |key: &str| u[key].as_u64();
+    into.take_anthropic(
+        n("input_tokens"),
+        n("cache_read_input_tokens"),
+        n("cache_creation_input_tokens"),
+        n("output_tokens"),
+    );
+}
+
 pub(super) fn usage_of(u: &Value) -> Tokens {
-    let cached = u["cache_read_input_tokens"].as_u64().unwrap_or(0);
-    let written = u["cache_creation_input_tokens"].as_u64().unwrap_or(0);
-    Tokens {
-        input: u["input_tokens"].as_u64().unwrap_or(0) + cached + written,
-        output: u["output_tokens"].as_u64().unwrap_or(0),
-        cached,
-        cache_written: written,
-        reasoning: 0,
-    }
+    let mut usage = Usage::default();
+    take_usage(&mut usage, u);
+    usage.into()
 }
 
 pub(super) fn usage_value(u: &Tokens) -> Value {

@@ -257,10 +257,7 @@ pub fn inspect(_name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize
         return Kind::Error;
     }
     if let Some(u) = &chunk.usage {
-        seen.usage.input = u.prompt.or(seen.usage.input);
-        if u.candidates.is_some() || u.thoughts.is_some() {
-            seen.usage.output = Some(u.candidates.unwrap_or(0) + u.thoughts.unwrap_or(0));
-        }
+        seen.usage.take_gemini(u.prompt, u.candidates, u.thoughts, u.cached);
     }
     let mut carried = false;
     let mut text = TextSink { text: &mut seen.text, cap: text_cap };

@@ -19,6 +19,7 @@ use super::super::turn::{
     ToolChoice, refusal,
 };
 use super::UsageIn;
+use crate::record::Usage;
 
 /// The key a Gemini part's opaque state is kept under.
 const SIGNATURE: &str = "thoughtSignature";
@@ -430,17 +431,18 @@ fn finish_reason(stop: &Stop) -> &'static str {
     }
 }
 
-fn usage_of(v: &Value) -> Tokens {
+/// Takes a `usageMetadata` into `into` (see [`Usage::take_gemini`]).
+fn take_usage(into: &mut Usage, v: &Value) {
     // Read from the tree in place (a `Value` deserializes by reference).
-    let Ok(u) = <UsageIn as serde::Deserialize>::deserialize(v) else { return Tokens::default() };
-    let thoughts = u.thoughts.unwrap_or(0);
-    Tokens {
-        input: u.prompt.unwrap_or(0),
-        output: u.candidates.unwrap_or(0) + thoughts,
-        cached: u.cached.unwrap_or(0),
-        cache_written: 0,
-        reasoning: thoughts,
+    if let Ok(u) = <UsageIn as serde::Deserialize>::deserialize(v) {
+        into.take_gemini(u.prompt, u.candidates, u.thoughts, u.cached);
     }
+}
+
+fn usage_of(v: &Value) -> Tokens {
+    let mut usage = Usage::default();
+    take_usage(&mut usage, v);
+    usage.into()
 }
 
 fn usage_value(u: &Tokens) -> Value {
@@ -541,6 +543,8 @@ pub struct Reader {
     started: bool,
     calls: u32,
     ids: Ids,
+    /// The counts so far (every chunk may carry them).
+    usage: Usage,
 }
 
 impl StreamReader for Reader {
@@ -585,8 +589,9 @@ impl StreamReader for Reader {
                 Part::Image(_) | Part::ToolResult { .. } => {}
             }
         }
-        if v.get("usageMetadata").is_some() {
-            out.push(Delta::Tokens(usage_of(&v["usageMetadata"])));
+        if let Some(u) = v.get("usageMetadata") {
+            take_usage(&mut self.usage, u);
+            out.push(Delta::Tokens(self.usage.into()));
         }
         if let Some(reason) = candidate.and_then(|c| c["finishReason"].as_str()) {
             out.push(Delta::Stop(stop_of(reason, tools || self.calls > 0)));
@@ -663,7 +668,7 @@ impl StreamWriter for Writer {
                 self.chunk(vec![json!({"text": text, "thought": true})], None, out);
             }
             Delta::Reasoning(_) | Delta::Opaque(_) => {}
-            Delta::Tokens(u) => self.usage.merge(u),
+            Delta::Tokens(u) => self.usage = u,
             Delta::Stop(stop) => self.stop = Some(stop),
             // The trait's `write` ends the stream and holds the calls.
             Delta::Done | Delta::Error { .. } | Delta::ToolCall { .. } | Delta::ToolArgs { .. } => {}

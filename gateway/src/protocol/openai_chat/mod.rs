@@ -70,8 +70,7 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
         return Kind::Error;
     }
     if let Some(u) = chunk.usage {
-        seen.usage.input = u.prompt_tokens.or(seen.usage.input);
-        seen.usage.output = u.completion_tokens.or(seen.usage.output);
+        u.take(&mut seen.usage);
     }
     let choices = chunk.choices;
     if let Some(c) = &choices.text {
@@ -226,14 +225,8 @@ struct Delta<'a> {
     tool_calls: Option<IgnoredAny>,
 }
 
-#[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug, PartialEq))]
-struct ChunkUsage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-}
+/// A chunk's usage: the counts translation reads too.
+type ChunkUsage = turn::UsageIn;
 
 #[cfg(test)]
 mod tests {

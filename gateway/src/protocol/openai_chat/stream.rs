@@ -7,11 +7,12 @@ use crate::protocol::stream_turn::{StreamReader, StreamWriter};
 use bytes::{BufMut, BytesMut};
 use serde_json::{Value, json};
 
-use super::turn::{ChunkIn, chat_id, finish_reason, now, stop_of, usage_of, usage_value};
+use super::turn::{ChunkIn, chat_id, finish_reason, now, stop_of, take_usage, usage_value};
 use crate::protocol::Protocol;
 use crate::protocol::events::sse_event;
 use crate::protocol::json::{put_str, put_u64};
 use crate::protocol::turn::{Delta, Stop, Tokens};
+use crate::record::Usage;
 
 /// Chat chunks into deltas.
 #[derive(Debug, Default)]
@@ -21,6 +22,9 @@ pub struct Reader {
     /// may open many).
     calls: std::collections::HashSet<u32>,
     stopped: bool,
+    /// The counts so far (most providers say them once, at the end; some
+    /// on every chunk).
+    usage: Usage,
 }
 
 impl StreamReader for Reader {
@@ -83,7 +87,8 @@ impl StreamReader for Reader {
             }
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            out.push(Delta::Tokens(usage_of(u)));
+            take_usage(&mut self.usage, u);
+            out.push(Delta::Tokens(self.usage.into()));
         }
     }
 }
@@ -129,7 +134,8 @@ impl Reader {
             }
         }
         if let Some(u) = chunk.usage {
-            out.push(Delta::Tokens(u.usage()));
+            u.take(&mut self.usage);
+            out.push(Delta::Tokens(self.usage.into()));
         }
     }
 }

@@ -18,6 +18,7 @@ use crate::protocol::turn::{
     Image, Part, Reasoning, Refusal, Reply, Request, Role, Stop, Tokens, Tool, ToolCall, ToolChoice,
     custom_tool_schema, push, refusal,
 };
+use crate::record::Usage;
 
 fn text_of(content: &Value) -> String {
     match content {
@@ -424,17 +425,17 @@ pub(super) fn finish_reason(stop: &Stop) -> &'static str {
     }
 }
 
+/// Takes a chat `usage` (a tree) into `into`.
+pub(super) fn take_usage(into: &mut Usage, u: &Value) {
+    let cached = u["prompt_tokens_details"]["cached_tokens"].as_u64().or(u["prompt_cache_hit_tokens"].as_u64());
+    let reasoning = u["completion_tokens_details"]["reasoning_tokens"].as_u64();
+    into.take_openai(u["prompt_tokens"].as_u64(), u["completion_tokens"].as_u64(), cached, reasoning);
+}
+
 pub(super) fn usage_of(u: &Value) -> Tokens {
-    Tokens {
-        input: u["prompt_tokens"].as_u64().unwrap_or(0),
-        output: u["completion_tokens"].as_u64().unwrap_or(0),
-        cached: u["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .or(u["prompt_cache_hit_tokens"].as_u64())
-            .unwrap_or(0),
-        cache_written: 0,
-        reasoning: u["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap_or(0),
-    }
+    let mut usage = Usage::default();
+    take_usage(&mut usage, u);
+    usage.into()
 }
 
 pub(super) fn usage_value(u: &Tokens) -> Value {
@@ -607,8 +608,10 @@ pub(super) struct FunctionIn<'a> {
     pub(super) arguments: Option<Cow<'a, str>>,
 }
 
+/// A chat `usage`, read typed (the pass-through scanner reads the same).
 #[derive(serde::Deserialize)]
-pub(super) struct UsageIn {
+#[cfg_attr(test, derive(Debug, PartialEq))]
+pub(crate) struct UsageIn {
     #[serde(default)]
     pub(super) prompt_tokens: Option<u64>,
     #[serde(default)]
@@ -621,30 +624,33 @@ pub(super) struct UsageIn {
     pub(super) completion_tokens_details: Option<ReasoningIn>,
 }
 
+/// `prompt_tokens_details` (the Responses API's `input_tokens_details`).
 #[derive(serde::Deserialize)]
-pub(super) struct CachedIn {
+#[cfg_attr(test, derive(Debug, PartialEq))]
+pub(crate) struct CachedIn {
     #[serde(default)]
-    pub(super) cached_tokens: Option<u64>,
+    pub(crate) cached_tokens: Option<u64>,
 }
 
+/// `completion_tokens_details` (`output_tokens_details`).
 #[derive(serde::Deserialize)]
-pub(super) struct ReasoningIn {
+#[cfg_attr(test, derive(Debug, PartialEq))]
+pub(crate) struct ReasoningIn {
     #[serde(default)]
-    pub(super) reasoning_tokens: Option<u64>,
+    pub(crate) reasoning_tokens: Option<u64>,
 }
 
 impl UsageIn {
+    /// Takes these counts into `into` (see [`Usage`]).
+    pub(crate) fn take(self, into: &mut Usage) {
+        let cached = self.prompt_tokens_details.and_then(|d| d.cached_tokens).or(self.prompt_cache_hit_tokens);
+        let reasoning = self.completion_tokens_details.and_then(|d| d.reasoning_tokens);
+        into.take_openai(self.prompt_tokens, self.completion_tokens, cached, reasoning);
+    }
+
     pub(super) fn usage(self) -> Tokens {
-        Tokens {
-            input: self.prompt_tokens.unwrap_or(0),
-            output: self.completion_tokens.unwrap_or(0),
-            cached: self
-                .prompt_tokens_details
-                .and_then(|d| d.cached_tokens)
-                .or(self.prompt_cache_hit_tokens)
-                .unwrap_or(0),
-            cache_written: 0,
-            reasoning: self.completion_tokens_details.and_then(|d| d.reasoning_tokens).unwrap_or(0),
-        }
+        let mut usage = Usage::default();
+        self.take(&mut usage);
+        usage.into()
     }
 }

@@ -96,8 +96,9 @@ pub fn inspect(name: Option<&str>, data: &str, seen: &mut Seen, text_cap: usize)
         "response.failed" | "error" => Kind::Error,
         "response.completed" | "response.incomplete" => {
             if let Some(u) = event.response.as_ref().and_then(|r| r.usage.as_ref()) {
-                seen.usage.input = u.input_tokens.or(seen.usage.input);
-                seen.usage.output = u.output_tokens.or(seen.usage.output);
+                let cached = u.input_tokens_details.as_ref().and_then(|d| d.cached_tokens);
+                let reasoning = u.output_tokens_details.as_ref().and_then(|d| d.reasoning_tokens);
+                seen.usage.take_openai(u.input_tokens, u.output_tokens, cached, reasoning);
             }
             Kind::Done
         }
@@ -217,6 +218,10 @@ struct ResponseUsage {
     input_tokens: Option<u64>,
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens_details: Option<super::openai_chat::turn::CachedIn>,
+    #[serde(default)]
+    output_tokens_details: Option<super::openai_chat::turn::ReasoningIn>,
 }
 
 #[derive(Deserialize)]
