@@ -690,10 +690,8 @@ impl Limiter {
         };
         let (Some(bucket), Some(limit)) = (bucket, limit) else { return };
         let delta = gcra::correction(cost, 0, limit);
-        // This replica's bucket follows the shared one (it stands in for
-        // it when the store goes): both take the give-back.
-        bucket.adjust(delta, Instant::now());
         if !shared_store {
+            bucket.adjust(delta, Instant::now());
             return;
         }
         if let Some(shared) = &self.shared {

@@ -199,19 +199,13 @@ return {added, redis.call('ZCARD', KEYS[1])}
 /// left, not from a full bucket each). Same arithmetic as
 /// `limits::gcra::Gcra::reserve`. ARGV[4]: how far this replica's own
 /// bucket is ahead of now, taken for the bucket's time when the store has
-/// none (it returned empty: the bucket is not full again for that), and,
-/// with ARGV[5] 1 (the first reservation since this replica rejoined),
-/// when it is further ahead than the store's: what the replicas spent on
-/// their shares while the store was away, or what a failed-over node had
-/// not replicated yet, is not spent again.
+/// none (it returned empty: the bucket is not full again for that).
 const GCRA: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local burst = tonumber(ARGV[3])
 local cost = math.min(tonumber(ARGV[1]) * tonumber(ARGV[2]), burst)
-local own = now + tonumber(ARGV[4])
-local tat = tonumber(redis.call('GET', KEYS[1]) or own)
-if ARGV[5] == '1' and tat < own then tat = own end
+local tat = tonumber(redis.call('GET', KEYS[1]) or (now + tonumber(ARGV[4])))
 if tat < now then tat = now end
 local new = tat + cost
 redis.call('SET', KEYS[1], new, 'PX', math.ceil(new - now + burst) + 1)
@@ -437,10 +431,6 @@ struct Keys {
     /// down, not yet adopted): while any is, this replica keeps to its
     /// share even with the store up. Changed under `live`'s lock.
     unadopted: AtomicU32,
-    /// Rpm and tpm: no reservation made since this replica rejoined the
-    /// store (the first takes this replica's view if it is further ahead:
-    /// see [`GCRA`]).
-    rejoined: [AtomicBool; 2],
     /// The same, over every upstream: what the request path reads first.
     unadopted_any: Arc<AtomicU32>,
 }
@@ -505,7 +495,6 @@ impl Keys {
             wake: Notify::new(),
             live: Default::default(),
             unadopted: AtomicU32::new(0),
-            rejoined: [AtomicBool::new(false), AtomicBool::new(false)],
             unadopted_any,
         }
     }
@@ -672,9 +661,6 @@ struct Breaker {
     /// Joined once: a later join closes a tripped breaker (journaled).
     joined: bool,
     tripped_at: Option<Instant>,
-    /// Tripped for slowness: the store is there, only late, so the leases
-    /// taken meanwhile are still sent to it (see [`SharedState::register`]).
-    slow_trip: bool,
 }
 
 /// The replicas count as heartbeats read it, falling only slowly: a
@@ -957,9 +943,6 @@ impl SharedState {
             b.slow >= SLOW_TRIP
         });
         if trip {
-            if let Ok(mut b) = self.breaker.lock() {
-                b.slow_trip = true;
-            }
             self.down(&format!(
                 "slow: {SLOW_TRIP} calls over {} ms within {} s",
                 BUDGET.as_millis(),
@@ -1081,9 +1064,6 @@ impl SharedState {
                 // may have made it a lease or a waiter there.
                 keys.hold(&spot.id, false, None);
                 spot.held = true;
-                if !self.is_up() && self.breaker.lock().is_ok_and(|b| b.slow_trip) {
-                    self.register(keys.clone(), spot.id.clone());
-                }
                 return SharedSlot::Outage(SharedLease { spot });
             };
             if taken == 1 {
@@ -1098,26 +1078,6 @@ impl SharedState {
                 _ = tokio::time::sleep_until(deadline) => return SharedSlot::Deadline,
             }
         }
-    }
-
-    /// A lease taken with the breaker tripped for slowness goes to the
-    /// store all the same, off the request path: a replica whose breaker
-    /// did not trip (the store was slow for it less) counts it there, not
-    /// only after this replica rejoins. Kept there by the renewals that go
-    /// on while tripped (see [`watch`]).
-    fn register(self: &Arc<Self>, keys: Arc<Keys>, id: String) {
-        let state = self.clone();
-        self.background.spawn(async move {
-            let mut inv = state.scripts.renew_all.prepare_invoke();
-            inv.key(&keys.leases).arg(state.ttl.as_millis() as u64).arg(&id);
-            let mut conn = state.conn.clone();
-            if let Ok(Ok((_, held))) = tokio::time::timeout(TIMEOUT, inv.invoke_async::<(u64, u32)>(&mut conn)).await
-                && keys.live.lock().is_ok_and(|l| l.ids.contains_key(&id))
-            {
-                keys.stored(std::slice::from_ref(&id));
-                keys.saw(held);
-            }
-        });
     }
 
     /// Removes lease or waiter `id` from the store; tried with the breaker
@@ -1147,8 +1107,7 @@ impl SharedState {
         let mut inv = self.scripts.gcra.prepare_invoke();
         // Never more than the bucket holds (the script bounds it too).
         inv.key(keys.rate(what)).arg(cost.min(limit)).arg(interval).arg(period.as_millis() as u64);
-        let first = keys.rejoined[what as usize].swap(false, Ordering::AcqRel);
-        inv.arg(own.as_millis() as u64).arg(u8::from(first));
+        inv.arg(own.as_millis() as u64);
         let (wait, ahead) = self.call::<(u64, u64)>(inv).await?;
         Some((Duration::from_millis(wait), Duration::from_millis(ahead)))
     }
@@ -1423,14 +1382,6 @@ impl SharedState {
             count.fresh = 0;
             self.settled.store(count.high == 0, Ordering::Release);
         }
-        for keys in self.upstreams.values() {
-            for first in &keys.rejoined {
-                first.store(true, Ordering::Release);
-            }
-        }
-        if let Ok(mut b) = self.breaker.lock() {
-            b.slow_trip = false;
-        }
         self.up.store(true, Ordering::Release);
         self.down_at.store(0, Ordering::Release);
         self.doubt_at.store(0, Ordering::Release);
@@ -1471,15 +1422,6 @@ async fn watch(state: std::sync::Weak<SharedState>) {
             }
             (s.ttl / 3).min(Duration::from_secs(1))
         } else {
-            // Tripped for slowness: the leases held still go to the store
-            // (see [`SharedState::register`]), renewed off this loop.
-            if s.breaker.lock().is_ok_and(|b| b.slow_trip) && renewed.elapsed() >= s.ttl / 3 {
-                renewed = Instant::now();
-                let renewing = s.clone();
-                s.background.spawn(async move {
-                    let _ = renewing.renew_all(false).await;
-                });
-            }
             let first = s.breaker.lock().is_ok_and(|b| !b.joined);
             let asked = Instant::now();
             match tokio::time::timeout(TIMEOUT, s.probe()).await {
