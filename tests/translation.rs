@@ -92,6 +92,7 @@ fn said(client: Protocol, v: &Value) -> Said {
                 ));
             }
             said.output_tokens = v["usage"]["completion_tokens"].as_u64();
+            said.input_tokens = v["usage"]["prompt_tokens"].as_u64();
         }
         Protocol::OpenAiResponses => {
             for item in v["output"].as_array().unwrap() {
@@ -112,6 +113,7 @@ fn said(client: Protocol, v: &Value) -> Said {
                 }
             }
             said.output_tokens = v["usage"]["output_tokens"].as_u64();
+            said.input_tokens = v["usage"]["input_tokens"].as_u64();
         }
         Protocol::Anthropic => {
             for b in v["content"].as_array().unwrap() {
@@ -125,6 +127,7 @@ fn said(client: Protocol, v: &Value) -> Said {
                 }
             }
             said.output_tokens = v["usage"]["output_tokens"].as_u64();
+            said.input_tokens = grammar::anthropic_input(&v["usage"]);
         }
         Protocol::Gemini => panic!("tests/gemini.rs"),
     }
@@ -173,6 +176,9 @@ async fn every_client_reaches_a_target_of_another_protocol_with_its_tools() {
             assert_eq!(name, "read_file", "{what}");
             assert_eq!(serde_json::from_str::<Value>(args).unwrap(), json!({"path": "tok0"}), "{what}");
             assert_eq!(said.output_tokens, Some(5), "{what}: usage");
+            // The simulator's 10 input tokens (Anthropic: 6 and 4 read from
+            // the cache): a chat stream's usage chunk once said 0 here.
+            assert_eq!(said.input_tokens, Some(10), "{what}: input tokens");
             // The target got a request in its own protocol, tools included.
             let sim = if target == Protocol::Anthropic { &p.anthropic } else { &p.chat };
             let got = sim.state.received().pop().unwrap();
@@ -398,6 +404,35 @@ async fn failover_crosses_protocols_and_the_journal_says_so() {
         "verdict": "ok", "wait_ms": null, "protocol": "openai-chat"}]),
         "{row}"
     );
+    // A chat client streaming from the Anthropic target: the journal keeps
+    // the upstream's counts (10 in, 4 of them read from the cache, 5 out),
+    // and so does the client's usage chunk, the cache's share included.
+    let resp = common::client()
+        .post(url(&gw, "/v1/chat/completions"))
+        .json(&request(Protocol::OpenAiChat, "on-anthropic", true, false))
+        .send()
+        .await
+        .unwrap();
+    let id = resp.headers()["x-tidegate-request-id"].to_str().unwrap().to_owned();
+    let text = resp.text().await.unwrap();
+    let usage: Value = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|v| v["usage"].is_object())
+        .map(|v| v["usage"].clone())
+        .unwrap_or_else(|| panic!("no usage chunk: {text}"));
+    assert_eq!((usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64()), (Some(10), Some(5)), "{usage}");
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 4, "{usage}");
+    for _ in 0..200 {
+        row = admin_json(&gw, &format!("/admin/requests/{id}")).await;
+        if row["outcome"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let counts = ["tokens_in", "tokens_out", "tokens_cached", "tokens_cache_written"].map(|k| row[k].as_u64());
+    assert_eq!(counts, [Some(10), Some(5), Some(4), None], "{row}");
 }
 
 #[tokio::test]

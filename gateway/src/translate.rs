@@ -435,3 +435,6 @@ impl Stream {
         self.pair.fail(kind, message)
     }
 }
+
+#[cfg(test)]
+mod usage_tests;

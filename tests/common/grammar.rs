@@ -22,6 +22,15 @@ pub struct Said {
     pub error: Option<String>,
     /// Output tokens reported, if any.
     pub output_tokens: Option<u64>,
+    /// Input tokens reported (cached ones included, whatever the
+    /// protocol's own count leaves out), if any.
+    pub input_tokens: Option<u64>,
+}
+
+/// An Anthropic `usage`'s input: its `input_tokens` leaves the cache's out.
+pub fn anthropic_input(u: &Value) -> Option<u64> {
+    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    u["input_tokens"].as_u64().map(|i| i + n("cache_read_input_tokens") + n("cache_creation_input_tokens"))
 }
 
 /// Splits SSE text into (event name, data) pairs.
@@ -88,6 +97,7 @@ fn gemini(text: &str) -> Result<Said, String> {
         if candidate.get("finishReason").is_some() {
             said.completed = true;
             said.output_tokens = v["usageMetadata"]["candidatesTokenCount"].as_u64();
+            said.input_tokens = v["usageMetadata"]["promptTokenCount"].as_u64();
         }
     }
     Ok(said)
@@ -114,7 +124,10 @@ fn anthropic(text: &str) -> Result<Said, String> {
         }
         match kind {
             "message_start" if started => return Err("a second message_start".into()),
-            "message_start" => started = true,
+            "message_start" => {
+                started = true;
+                said.input_tokens = anthropic_input(&v["message"]["usage"]);
+            }
             "ping" => {}
             "content_block_start" => {
                 if open.is_some() {
@@ -166,6 +179,11 @@ fn anthropic(text: &str) -> Result<Said, String> {
                 }
                 delta_seen = true;
                 said.output_tokens = v["usage"]["output_tokens"].as_u64();
+                // Said again with the output (a client reads the later);
+                // else as message_start said it.
+                if let Some(input) = anthropic_input(&v["usage"]) {
+                    said.input_tokens = Some(input);
+                }
                 if !said.calls.is_empty() && v["delta"]["stop_reason"] != "tool_use" {
                     return Err(format!("tool calls, but stop_reason {}", v["delta"]["stop_reason"]));
                 }
@@ -216,6 +234,7 @@ fn chat(text: &str) -> Result<Said, String> {
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             said.output_tokens = u["completion_tokens"].as_u64();
+            said.input_tokens = u["prompt_tokens"].as_u64();
         }
         let Some(choice) = v["choices"].get(0) else { continue };
         if finished {
@@ -342,6 +361,7 @@ fn responses(text: &str) -> Result<Said, String> {
                     return Err(format!("{kind}: its output differs from the items done"));
                 }
                 said.output_tokens = v["response"]["usage"]["output_tokens"].as_u64();
+                said.input_tokens = v["response"]["usage"]["input_tokens"].as_u64();
                 said.completed = true;
             }
             "response.failed" => {

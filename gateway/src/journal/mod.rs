@@ -721,6 +721,49 @@ mod tests {
     }
 
     #[test]
+    fn a_fifth_format_journal_gains_the_cache_and_reasoning_counts_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let now = jiff::Timestamp::now().as_millisecond();
+        let new_columns = ["tokens_cached", "tokens_cache_written", "tokens_reasoning"];
+        {
+            let v5: Vec<String> = REQUEST_TABLE
+                .iter()
+                .filter(|(name, _)| !new_columns.contains(name))
+                .map(|(name, ty)| format!("{name} {ty}"))
+                .collect();
+            let old = Connection::open(&path).unwrap();
+            let view = SCHEMA.replace("tokens_cached, tokens_cache_written, tokens_reasoning,", "");
+            old.execute_batch(&format!("CREATE TABLE requests ({}); {view}", v5.join(", "))).unwrap();
+            let (hi, lo) = key(&uuid::Uuid::parse_str(&v7(now)).unwrap());
+            old.execute(
+                "INSERT INTO requests (id, id_lo, stream, outcome, status, targets, queue_us, total_us, n_attempts, tokens_in) VALUES (?1, ?2, 0, 'completed', 200, 'u', 0, 5000, 1, 7)",
+                rusqlite::params![hi, lo],
+            )
+            .unwrap();
+            old.pragma_update(None, "user_version", 5).unwrap();
+        }
+        let mut conn = open(&path).unwrap();
+        let new = Row {
+            tokens_in: Some(20),
+            tokens_cached: Some(16),
+            tokens_reasoning: Some(2),
+            ..row(v7(now + 1), now + 1)
+        };
+        store(&mut conn, std::slice::from_ref(&new));
+        let listed = list(&path, &Query { limit: 5, ..Default::default() }).unwrap();
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        let old = listed.iter().find(|r| r.id != new.id).unwrap();
+        assert_eq!((old.tokens_in, old.tokens_cached), (Some(7), None));
+        let got = listed.iter().find(|r| r.id == new.id).unwrap();
+        assert_eq!((got.tokens_in, got.tokens_cached, got.tokens_reasoning), (Some(20), Some(16), Some(2)));
+        let viewed: Option<i64> = conn
+            .query_row("SELECT tokens_cached FROM requests_view ORDER BY key DESC LIMIT 1", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(viewed, Some(16));
+    }
+
+    #[test]
     fn a_second_format_journal_gains_completion_from_and_keeps_its_rows() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.db");

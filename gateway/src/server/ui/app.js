@@ -250,6 +250,8 @@ async function openDetail(id) {
     ["first byte", ms(r.ttfb_ms)],
     ["total", ms(r.total_ms)],
     ["tokens in / out", `${r.tokens_in ?? "-"} / ${r.tokens_out ?? "-"}`],
+    ["of which cached / written to cache / reasoning",
+      `${r.tokens_cached ?? "-"} / ${r.tokens_cache_written ?? "-"} / ${r.tokens_reasoning ?? "-"}`],
     ["anomaly", r.anomaly ? "flagged" : "no"],
   ];
   $("detail-fields").replaceChildren(...fields.flatMap(([k, v]) => [el("dt", k), el("dd", v)]));
