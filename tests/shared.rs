@@ -360,6 +360,45 @@ async fn two_replicas_keep_to_their_share_of_a_rate_while_redis_is_down() {
     assert_eq!(sim.state.received().len(), served + 2);
 }
 
+/// What a replica spends of a rate while its breaker is tripped (the store
+/// only paused: it keeps its buckets) is paid into the store's bucket when
+/// it rejoins, so that the other replica does not spend it again: 20 a
+/// minute, about 10 spent by A on its share with Redis stopped, leave B
+/// about 10, not a full bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_spent_while_the_store_was_away_is_paid_into_it_on_rejoining() {
+    let redis = Redis::start();
+    let sim = sim(&[("capped", Behavior { latency_ms: 10, ..Default::default() })]);
+    let (_a, a_base, _b, b_base) = two_rated_replicas(&redis, &sim).await;
+    redis.pause();
+    for _ in 0..40 {
+        let _ = ask_chat(&a_base, "capped", Some("1s")).await;
+        if upstreams(&a_base).await["upstreams"][0]["shared"] == false {
+            break;
+        }
+    }
+    for _ in 0..12 {
+        let _ = ask_chat(&a_base, "capped", Some("1s")).await;
+    }
+    let spent = sim.state.received().len();
+    assert!(spent >= 8, "A kept to less than its share: {spent}");
+    redis.resume();
+    wait_shared(&a_base, true).await;
+    wait_shared(&b_base, true).await;
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let base = b_base.clone();
+            tokio::spawn(async move { ask_chat(&base, "capped", Some("2s")).await.status().as_u16() })
+        })
+        .collect();
+    for t in tasks {
+        assert!(matches!(t.await.unwrap(), 200 | 429 | 504));
+    }
+    let sent = sim.state.received().len();
+    // 20 a minute, plus what refills meanwhile (one every 3 s).
+    assert!(sent <= 24, "the upstream got {sent} requests within a minute of 20 (A spent {spent} with the store away)");
+}
+
 /// When the store goes away, each replica's share of an rpm bucket starts
 /// from what the shared bucket had left, not from a full bucket: 16 of 20
 /// a minute spent with Redis up leave both replicas together about 4 for

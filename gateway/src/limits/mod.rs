@@ -670,7 +670,8 @@ impl Limiter {
                     }
                     // The store is down: this replica keeps to its share
                     // of the bucket (each request counts once per replica
-                    // last seen), as it does of a concurrency limit.
+                    // last seen), as it does of a concurrency limit; what
+                    // it spends is paid to the store's bucket on rejoining.
                     None => (None, u64::from(s.state.replicas().max(1))),
                 },
                 None => (None, 1),
@@ -678,6 +679,10 @@ impl Limiter {
             hold.reserved[i] = Some(shared.is_some());
             hold.scale[i] = scale;
             wait = wait.max(shared.unwrap_or_else(|| bucket.reserve(cost.saturating_mul(scale), now)));
+            if let (None, Some(s)) = (shared, &self.shared) {
+                let at = Instant::now();
+                s.state.owe(&s.upstream, what, (cost, limit), at + bucket.ahead(at));
+            }
         }
         (wait, hold)
     }

@@ -25,7 +25,9 @@
 //!
 //! The store is watched like an upstream, by a breaker: a request waits
 //! at most [`BUDGET`] (50 ms) for one call; an error, or [`SLOW_TRIP`]
-//! calls over the budget within a second, trips it. Tripped, tidegate logs
+//! calls over the budget within a second (at least [`SLOW_SPACING`]
+//! apart: one burst queued on the connection is one slow moment), trips
+//! it. Tripped, tidegate logs
 //! it loudly once, journals it, sets `tidegate_upstream_state{what=
 //! "shared_state_up"}` to 0 and goes on with each replica's share of every
 //! limit; a probe every 250 ms closes it again after [`CLOSE_AFTER`] fast
@@ -70,6 +72,13 @@ const TIMEOUT: Duration = Duration::from_millis(250);
 /// request, one stray slow answer is not.
 const SLOW_TRIP: u32 = 3;
 const SLOW_WINDOW: Duration = Duration::from_secs(1);
+/// Slow calls count apart only this far apart: a burst of requests whose
+/// calls queue together on the connection is one slow moment, not
+/// [`SLOW_TRIP`] of them (a replica that tripped alone on a burst kept to
+/// its share while the others went on with the store, whose buckets did
+/// not see its requests); a store that stays slow trips within ~250 ms of
+/// its first late answer.
+const SLOW_SPACING: Duration = Duration::from_millis(100);
 /// While tripped, the store is probed this often…
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// …and rejoined after this many probes in a row answered within half
@@ -223,6 +232,27 @@ local burst = tonumber(ARGV[3])
 local step = math.max(-burst, math.min(burst, tonumber(ARGV[1]) * tonumber(ARGV[2])))
 local new = math.max(now, tat + step)
 redis.call('SET', KEYS[1], new, 'KEEPTTL')
+return 1
+";
+
+/// A rejoining replica pays a rate bucket what it reserved on its own
+/// while the store was away (ARGV: units, interval, burst as for
+/// [`GCRA_ADJUST`]; how far its own bucket is ahead of now, ms): a bucket
+/// the store has moves on by them; one it lost (it restarted empty) starts
+/// from this replica's own bucket, which counted the others' shares too.
+const PAY: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local burst = tonumber(ARGV[3])
+local tat = tonumber(redis.call('GET', KEYS[1]))
+local new
+if tat then
+  new = math.max(now, tat) + math.min(burst, tonumber(ARGV[1]) * tonumber(ARGV[2]))
+else
+  new = now + math.min(burst, tonumber(ARGV[4]))
+end
+if new - now > burst then new = now + burst end
+redis.call('SET', KEYS[1], new, 'PX', math.ceil(new - now + burst) + 1)
 return 1
 ";
 
@@ -400,6 +430,7 @@ struct Scripts {
     adopt: Script,
     gcra: Script,
     gcra_adjust: Script,
+    pay: Script,
     lower: Script,
     grow: Script,
     health: Script,
@@ -433,6 +464,11 @@ struct Keys {
     unadopted: AtomicU32,
     /// The same, over every upstream: what the request path reads first.
     unadopted_any: Arc<AtomicU32>,
+    /// Rpm and tpm: units reserved on this replica's own bucket while the
+    /// breaker was tripped (calls the store never saw), with the bucket's
+    /// limit; put in the store's bucket when this replica rejoins, so that
+    /// the others do not spend them again.
+    owed: std::sync::Mutex<[Owed; 2]>,
 }
 
 /// One replica's leases of one upstream, by id: whether the store has
@@ -448,6 +484,18 @@ struct Live {
     /// Longest held in the current and the previous [`LONGEST_SPAN`].
     longest: [Duration; 2],
     span_from: Option<Instant>,
+}
+
+/// What one bucket is owed (see [`Keys::owed`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Owed {
+    /// Units reserved here with the breaker tripped.
+    units: u64,
+    /// The bucket's limit a minute.
+    limit: u64,
+    /// Where this replica's own bucket stood after the last of them (its
+    /// time: how far ahead of now it is).
+    own: Option<Instant>,
 }
 
 /// How long the longest lease held is remembered (two spans of it).
@@ -496,6 +544,7 @@ impl Keys {
             live: Default::default(),
             unadopted: AtomicU32::new(0),
             unadopted_any,
+            owed: std::sync::Mutex::new([Owed::default(); 2]),
         }
     }
 
@@ -655,6 +704,8 @@ pub struct SharedState {
 /// The store's breaker (see the module docs).
 #[derive(Debug, Default)]
 struct Breaker {
+    /// When a slow call last counted (see [`SLOW_SPACING`]).
+    slow_at: Option<Instant>,
     /// Slow calls since `window_from`.
     slow: u32,
     window_from: Option<Instant>,
@@ -809,6 +860,7 @@ impl SharedState {
                 adopt: Script::new(ADOPT),
                 gcra: Script::new(GCRA),
                 gcra_adjust: Script::new(GCRA_ADJUST),
+                pay: Script::new(PAY),
                 lower: Script::new(LOWER),
                 grow: Script::new(GROW),
                 health: Script::new(HEALTH),
@@ -935,6 +987,10 @@ impl SharedState {
     fn slow_call(&self) {
         let now = Instant::now();
         let trip = self.breaker.lock().is_ok_and(|mut b| {
+            if b.slow_at.is_some_and(|at| now.saturating_duration_since(at) < SLOW_SPACING) {
+                return false;
+            }
+            b.slow_at = Some(now);
             if b.window_from.is_none_or(|from| now.saturating_duration_since(from) > SLOW_WINDOW) {
                 b.window_from = Some(now);
                 b.slow = 0;
@@ -1110,6 +1166,42 @@ impl SharedState {
         inv.arg(own.as_millis() as u64);
         let (wait, ahead) = self.call::<(u64, u64)>(inv).await?;
         Some((Duration::from_millis(wait), Duration::from_millis(ahead)))
+    }
+
+    /// `cost` units of `upstream`'s bucket `what` (of `limit` a minute)
+    /// reserved on this replica's own bucket with the breaker tripped, which
+    /// then stood at `own`: owed to the store's bucket (see [`Keys::owed`]).
+    pub fn owe(&self, upstream: &str, what: Bucket, (cost, limit): (u64, u64), own: Instant) {
+        if self.is_up() {
+            // A call that went unanswered may still have run there.
+            return;
+        }
+        if let Some(keys) = self.upstreams.get(upstream)
+            && let Ok(mut owed) = keys.owed.lock()
+        {
+            let slot = &mut owed[what as usize];
+            *slot = Owed { units: slot.units.saturating_add(cost), limit, own: Some(own) };
+        }
+    }
+
+    /// Pays what each bucket is owed (see [`SharedState::owe`]) once the
+    /// store answers again (see [`PAY`]).
+    async fn pay_owed(&self) {
+        for keys in self.upstreams.values() {
+            let owed = keys.owed.lock().map(|mut o| std::mem::take(&mut *o)).unwrap_or_default();
+            for (what, owed) in [Bucket::Rpm, Bucket::Tpm].into_iter().zip(owed) {
+                if owed.units == 0 || owed.limit == 0 {
+                    continue;
+                }
+                let period = Duration::from_secs(60);
+                let interval = period.as_secs_f64() * 1000.0 / owed.limit as f64;
+                let own = owed.own.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()));
+                let mut inv = self.scripts.pay.prepare_invoke();
+                inv.key(keys.rate(what)).arg(owed.units).arg(interval).arg(period.as_millis() as u64);
+                inv.arg(own.as_millis() as u64);
+                let _ = self.call::<i64>(inv).await;
+            }
+        }
     }
 
     /// Corrects a shared rate reservation by `delta` units.
@@ -1386,6 +1478,7 @@ impl SharedState {
         self.down_at.store(0, Ordering::Release);
         self.doubt_at.store(0, Ordering::Release);
         let adopted = adopted + self.renew_all(false).await.unwrap_or(0);
+        self.pay_owed().await;
         let (rejoined, tripped_at) = self
             .breaker
             .lock()
