@@ -193,10 +193,11 @@ fn sim_with_late_limit() -> tidegate_simulate::Simulator {
     sim(&[("lim-real", Behavior { script, ..Default::default() })])
 }
 
+/// With `websocket: false` (served by default: tests/websocket.rs).
 #[tokio::test]
 async fn a_websocket_upgrade_is_answered_426_so_codex_falls_back_quietly() {
     let sim = sim(&[]);
-    let gw = gateway(&config(&sim, "")).await;
+    let gw = gateway(&config(&sim, "websocket: false")).await;
     let resp = client()
         .get(url(&gw, "/v1/responses"))
         .header("connection", "Upgrade")

@@ -87,6 +87,11 @@ pub struct Config {
     pub retention: Retention,
     /// Keep partial stream text in the journal.
     pub keep_partial: bool,
+    /// Serve Codex's Responses WebSocket transport (else `426`, and Codex
+    /// uses HTTP).
+    pub websocket: bool,
+    /// A WebSocket with no message for this long is closed.
+    pub websocket_idle: Duration,
     /// Flood warning thresholds.
     pub anomaly: AnomalyConfig,
     /// Upstreams, in config order; targets refer to them by index.

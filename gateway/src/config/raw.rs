@@ -44,6 +44,12 @@ pub struct RawConfig {
     /// Keep the text of streams cut mid-way in the journal.
     #[serde(default)]
     pub keep_partial: Option<bool>,
+    /// Serve the Responses WebSocket transport.
+    #[serde(default)]
+    pub websocket: Option<bool>,
+    /// Close a WebSocket idle this long.
+    #[serde(default)]
+    pub websocket_idle: Option<String>,
     /// Flag a client whose window volume exceeds this × its baseline.
     #[serde(default)]
     pub anomaly_factor: Option<f64>,

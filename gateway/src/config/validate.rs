@@ -48,6 +48,7 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
         problems.push("max_stream_event: must be at least 1KiB".into());
     }
     let body_timeout = duration("body_timeout", &raw.body_timeout, Duration::from_secs(60), problems);
+    let websocket_idle = duration("websocket_idle", &raw.websocket_idle, Duration::from_secs(300), problems);
     let max_connections = raw.max_connections.unwrap_or(10_000);
     if max_connections == 0 {
         problems.push("max_connections: must be more than 0".into());
@@ -233,6 +234,8 @@ pub fn validate(raw: RawConfig, lookup: &dyn Fn(&str) -> Option<String>, problem
         },
         retention,
         keep_partial: raw.keep_partial.unwrap_or(true),
+        websocket: raw.websocket.unwrap_or(true),
+        websocket_idle,
         anomaly,
         client_keys,
         client_deadline: lane_defaults.deadline,

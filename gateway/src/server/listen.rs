@@ -87,7 +87,8 @@ pub async fn serve_until<S, B>(
         move |stream: TcpStream, slot: OwnedSemaphorePermit| {
             let registered = registry.open();
             let service = Tracked::new(service.clone(), &registered);
-            let connection = http1.serve_connection(TokioIo::new(stream), service);
+            // Upgrades kept: Codex's Responses WebSocket (`server::websocket`).
+            let connection = http1.serve_connection(TokioIo::new(stream), service).with_upgrades();
             let shed = registered.shed();
             tokio::spawn(Served { connection, shed, shedding: false, _held: (registered, slot) });
         }
@@ -170,7 +171,7 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<S, B> Future for Served<hyper::server::conn::http1::Connection<TokioIo<TcpStream>, Tracked<S>>>
+impl<S, B> Future for Served<hyper::server::conn::http1::UpgradeableConnection<TokioIo<TcpStream>, Tracked<S>>>
 where
     S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>>,
     S::Error: Into<BoxError>,

@@ -10,6 +10,7 @@ pub mod connections;
 mod handlers;
 pub mod listen;
 mod ui;
+mod websocket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,10 +48,12 @@ pub fn router(live: Arc<Live>) -> Router {
     // 405) and for anyone serving the router alone.
     let mut router = Router::new();
     for endpoint in Endpoint::FIXED {
-        router = router.route(
-            endpoint.path(),
-            post(move |State(gw): State<Arc<Gateway>>, req: Request| handlers::proxy(gw, endpoint, req)),
-        );
+        let mut route = post(move |State(gw): State<Arc<Gateway>>, req: Request| handlers::proxy(gw, endpoint, req));
+        if endpoint == Endpoint::Responses {
+            // Codex's WebSocket transport (see [`websocket`]).
+            route = route.get(websocket::upgrade);
+        }
+        router = router.route(endpoint.path(), route);
     }
     router
         .route("/", get(handlers::root))
