@@ -693,8 +693,6 @@ pub struct SharedState {
     /// answers nothing but trips the breaker only after [`SLOW_TRIP`]
     /// calls: from the first, what the other replicas took is unknown.
     doubt_at: AtomicU64,
-    /// A [`SharedState::push_while_tripped`] is running.
-    pushing: AtomicBool,
     epoch: Instant,
     /// Every replica last seen is back (see [`SharedState::settled`]),
     /// as the last heartbeat said.
@@ -714,9 +712,6 @@ struct Breaker {
     /// Joined once: a later join closes a tripped breaker (journaled).
     joined: bool,
     tripped_at: Option<Instant>,
-    /// Tripped for slowness, not an error (see
-    /// [`SharedState::push_while_tripped`]).
-    slow_trip: bool,
 }
 
 /// The replicas count as heartbeats read it, falling only slowly: a
@@ -875,7 +870,6 @@ impl SharedState {
             breaker: Default::default(),
             down_at: AtomicU64::new(0),
             doubt_at: AtomicU64::new(0),
-            pushing: AtomicBool::new(false),
             epoch: Instant::now(),
             settled: AtomicBool::new(true),
             unadopted_any,
@@ -1005,9 +999,6 @@ impl SharedState {
             b.slow >= SLOW_TRIP
         });
         if trip {
-            if let Ok(mut b) = self.breaker.lock() {
-                b.slow_trip = true;
-            }
             self.down(&format!(
                 "slow: {SLOW_TRIP} calls over {} ms within {} s",
                 BUDGET.as_millis(),
@@ -1193,13 +1184,12 @@ impl SharedState {
         }
     }
 
-    /// Pays what each bucket is owed (see [`SharedState::owe`]) (see
-    /// [`PAY`]): on rejoining, and while tripped for slowness. Off the
-    /// request path, within [`TIMEOUT`]; what is not paid stays owed.
+    /// Pays what each bucket is owed (see [`SharedState::owe`]) once the
+    /// store answers again (see [`PAY`]).
     async fn pay_owed(&self) {
         for keys in self.upstreams.values() {
             let owed = keys.owed.lock().map(|mut o| std::mem::take(&mut *o)).unwrap_or_default();
-            for (i, (what, owed)) in [Bucket::Rpm, Bucket::Tpm].into_iter().zip(owed).enumerate() {
+            for (what, owed) in [Bucket::Rpm, Bucket::Tpm].into_iter().zip(owed) {
                 if owed.units == 0 || owed.limit == 0 {
                     continue;
                 }
@@ -1209,34 +1199,9 @@ impl SharedState {
                 let mut inv = self.scripts.pay.prepare_invoke();
                 inv.key(keys.rate(what)).arg(owed.units).arg(interval).arg(period.as_millis() as u64);
                 inv.arg(own.as_millis() as u64);
-                let mut conn = self.conn.clone();
-                let paid = tokio::time::timeout(TIMEOUT, inv.invoke_async::<i64>(&mut conn)).await;
-                if !matches!(paid, Ok(Ok(_)))
-                    && let Ok(mut left) = keys.owed.lock()
-                {
-                    left[i].units = left[i].units.saturating_add(owed.units);
-                    left[i].limit = owed.limit;
-                    left[i].own = left[i].own.or(owed.own);
-                }
+                let _ = self.call::<i64>(inv).await;
             }
         }
-    }
-
-    /// Tripped for slowness (the store is there, only late): every
-    /// [`PROBE_EVERY`], one call at a time, the leases this replica holds
-    /// are put in the store (renewed there) and what it spent of a rate is
-    /// paid in, so that a replica whose breaker did not trip counts them
-    /// within a probe's time, not only once this one rejoins (a burst that
-    /// tripped two replicas of four let the other two fill the cap on top of
-    /// their shares). One call at a time: a paused store gets no queue.
-    async fn push_while_tripped(&self) {
-        if self.pushing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        if self.renew_all(false).await.is_ok() {
-            self.pay_owed().await;
-        }
-        self.pushing.store(false, Ordering::Release);
     }
 
     /// Corrects a shared rate reservation by `delta` units.
@@ -1509,9 +1474,6 @@ impl SharedState {
             count.fresh = 0;
             self.settled.store(count.high == 0, Ordering::Release);
         }
-        if let Ok(mut b) = self.breaker.lock() {
-            b.slow_trip = false;
-        }
         self.up.store(true, Ordering::Release);
         self.down_at.store(0, Ordering::Release);
         self.doubt_at.store(0, Ordering::Release);
@@ -1553,10 +1515,6 @@ async fn watch(state: std::sync::Weak<SharedState>) {
             }
             (s.ttl / 3).min(Duration::from_secs(1))
         } else {
-            if s.breaker.lock().is_ok_and(|b| b.slow_trip) {
-                let pushing = s.clone();
-                s.background.spawn(async move { pushing.push_while_tripped().await });
-            }
             let first = s.breaker.lock().is_ok_and(|b| !b.joined);
             let asked = Instant::now();
             match tokio::time::timeout(TIMEOUT, s.probe()).await {
