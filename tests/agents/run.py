@@ -69,6 +69,13 @@ def codex_config(base_url):
     return block.replace("http://127.0.0.1:8787/v1", base_url)
 
 
+def codex_builtin_config(base_url):
+    """The manual's config.toml for Codex's built-in OpenAI provider (its
+    WebSocket transport), pointed at `base_url`."""
+    block = next(b for b in re.findall(r"```toml\n(.*?)```", readme_section(), re.S) if "openai_base_url" in b)
+    return block.replace("http://127.0.0.1:8787/v1", base_url)
+
+
 def claude_env():
     """The variables the manual's Claude Code line sets."""
     line = next(l for l in readme_section().splitlines() if l.startswith("ANTHROPIC_BASE_URL="))
@@ -168,6 +175,39 @@ def main():
         e.update({k: v.replace("127.0.0.1:8787", f"127.0.0.1:{cloud_port}") for k, v in claude_env().items()})
         rc, out = run([claude, "-p", "say hi"], e)
         results.append(("claude -p through tidegate to a Bedrock upstream finishes", rc == 0 and "tok0" in out, out))
+
+        # Codex's built-in provider: the Responses WebSocket, through a
+        # tidegate logging its sockets; the capacity simulator's first
+        # answer is 429 3009.
+        ws_port = free_port()
+        ws_yaml = os.path.join(tmp, "codex-ws.yaml")
+        with open(ws_yaml, "w") as f:
+            f.write(f'listen: 127.0.0.1:{ws_port}\njournal: "off"\nupstreams:\n  - {{ name: sim, protocol: openai, '
+                    f'base_url: "http://127.0.0.1:{sim_port}/v1", api_key: k }}\nmodels:\n  "*": {{ targets: [{{ upstream: sim }}] }}\n')
+        ws_log_path = os.path.join(tmp, "codex-ws.log")
+        ws_log = open(ws_log_path, "w")
+        ws_gw = subprocess.Popen([binary, "serve", "--config", ws_yaml], stdout=ws_log, stderr=ws_log, cwd=tmp,
+                                 env=dict(os.environ, RUST_LOG="tidegate=debug"))
+        try:
+            wait_healthy(f"http://127.0.0.1:{ws_port}/healthz", ws_gw, "tidegate (codex websocket)")
+            e = agent_env("codex-websocket")
+            os.makedirs(e["CODEX_HOME"])
+            with open(os.path.join(e["CODEX_HOME"], "config.toml"), "w") as f:
+                # A model name of its own: the simulator refuses its first request.
+                f.write(codex_builtin_config(f"http://127.0.0.1:{ws_port}/v1").replace(
+                    'model = "gpt-5.1-codex"', 'model = "gpt-5.1-codex-ws"'))
+            e["OPENAI_API_KEY"] = "any-key-tidegate-has-no-client-keys-here"
+            rc, out = run([codex, "exec", "--skip-git-repo-check", "say hi"], e)
+        finally:
+            ws_gw.terminate()
+            ws_gw.wait(timeout=10)
+            ws_log.close()
+        seen = open(ws_log_path, encoding="utf-8").read()
+        sockets, retried = seen.count("responses websocket opened"), seen.count("retrying")
+        ok = rc == 0 and "tok0" in out and sockets >= 1 and retried >= 1
+        ok = ok and "falling back from websockets" not in out.lower() and "reconnecting" not in out.lower()
+        results.append((f"codex exec with the built-in OpenAI provider over a WebSocket through tidegate finishes, "
+                        f"its 429 3009 retried ({sockets} socket(s), {retried} retry), no fallback to HTTP", ok, out))
 
         rc, out = codex_run("codex-chat-only", f"http://127.0.0.1:{chat_gw_port}/v1")
         results.append(("codex exec through tidegate to a chat-completions-only provider finishes",

@@ -99,6 +99,7 @@ fn forwarded(headers: &HeaderMap) -> HeaderMap {
 /// One socket: its messages in turn, until it closes or idles out.
 async fn session(gw: Arc<Gateway>, headers: HeaderMap, socket: WebSocket) {
     let idle = gw.config.websocket_idle;
+    tracing::debug!("responses websocket opened");
     let mut tx = socket;
     let mut last: Option<Last> = None;
     loop {
