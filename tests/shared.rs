@@ -168,6 +168,34 @@ async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
     assert_eq!(sim.state.rejected.load(Ordering::SeqCst), before, "refused over its cap after Redis returned");
 }
 
+/// Replicas A and B joined to `redis`, in front of an upstream capped at 3
+/// whose answers take 1.5 s, with A's three requests holding every slot
+/// (B has seen them by its renewals: a second in); the replicas and the
+/// requests.
+async fn a_holding_every_slot(
+    redis: &Redis,
+) -> (
+    tidegate_simulate::Simulator,
+    (tidegate::server::Running, String, Process, String),
+    Vec<tokio::task::JoinHandle<u16>>,
+) {
+    let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 1500, ..Default::default() })]);
+    let replicas = two_replicas(redis, &sim).await;
+    for base in [&replicas.1, &replicas.3] {
+        wait_replicas(base, 2).await;
+    }
+    let on_a: Vec<_> = (0..3)
+        .map(|_| {
+            let base = replicas.1.clone();
+            tokio::spawn(async move { ask_chat(&base, "capped", None).await.status().as_u16() })
+        })
+        .collect();
+    // B reads the leases held with its renewals (every third of the 2 s
+    // TTL): it has seen A's three by now.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    (sim, replicas, on_a)
+}
+
 /// When the store goes away while one replica holds every slot, the other
 /// sends nothing on top of those requests: it keeps below the cap minus
 /// the leases it last saw the others hold, until they may have ended
@@ -176,20 +204,7 @@ async fn two_replicas_keep_within_the_cap_while_redis_is_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn when_the_store_goes_the_slots_another_replica_holds_are_not_exceeded() {
     let mut redis = Redis::start();
-    let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 1500, ..Default::default() })]);
-    let (_a, a_base, _b, b_base) = two_replicas(&redis, &sim).await;
-    for base in [&a_base, &b_base] {
-        wait_replicas(base, 2).await;
-    }
-    let on_a: Vec<_> = (0..3)
-        .map(|_| {
-            let base = a_base.clone();
-            tokio::spawn(async move { ask_chat(&base, "capped", None).await.status().as_u16() })
-        })
-        .collect();
-    // B reads the leases held with its renewals (every third of the 2 s
-    // TTL): it has seen A's three by now.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (sim, (_a, _a_base, _b, b_base), on_a) = a_holding_every_slot(&redis).await;
     redis.stop();
     let on_b: Vec<_> = (0..2)
         .map(|_| {
@@ -209,18 +224,7 @@ async fn when_the_store_goes_the_slots_another_replica_holds_are_not_exceeded() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn when_the_store_stops_answering_the_slots_another_replica_holds_are_not_exceeded() {
     let redis = Redis::start();
-    let sim = sim(&[("capped", Behavior { reject_over: Some(3), latency_ms: 1500, ..Default::default() })]);
-    let (_a, a_base, _b, b_base) = two_replicas(&redis, &sim).await;
-    for base in [&a_base, &b_base] {
-        wait_replicas(base, 2).await;
-    }
-    let on_a: Vec<_> = (0..3)
-        .map(|_| {
-            let base = a_base.clone();
-            tokio::spawn(async move { ask_chat(&base, "capped", None).await.status().as_u16() })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (sim, (_a, _a_base, _b, b_base), on_a) = a_holding_every_slot(&redis).await;
     redis.pause();
     // One at a time, so that B's calls trip its breaker late: each
     // request is at most one call to the store.
