@@ -80,13 +80,17 @@ pub async fn upgrade(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
 }
 
 /// The upgrade's headers as each response's request carries them (the
-/// WebSocket handshake's own left out).
+/// WebSocket handshake's own left out, and `accept-encoding`: the events
+/// are read here, so they must come uncompressed).
 fn forwarded(headers: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
         let n = name.as_str();
         if n.starts_with("sec-websocket-")
-            || matches!(n, "upgrade" | "connection" | "host" | "content-length" | "transfer-encoding")
+            || matches!(
+                n,
+                "upgrade" | "connection" | "host" | "content-length" | "transfer-encoding" | "accept-encoding"
+            )
         {
             continue;
         }
