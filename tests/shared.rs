@@ -658,7 +658,10 @@ async fn a_limit_learned_survives_the_store_restarting_empty() {
     wait_shared(&base, true).await;
     burst(12).await;
     let after = sim.state.rejected.load(Ordering::SeqCst) - learning;
-    assert!(after <= 1, "{after} refusals after the store restarted: the cap was learned again");
+    // Learned again it costs 6; put back, at most the probe of additive
+    // increase past it (the level refused is remembered in the store,
+    // which forgot it) and one more under a loaded machine.
+    assert!(after <= 2, "{after} refusals after the store restarted: the cap was learned again");
     let mut conn = redis.conn().await;
     let limit: String = redis::cmd("GET").arg("tidegate:{sim}:limit").query_async(&mut conn).await.unwrap();
     assert!(limit.parse::<f64>().unwrap() < 3.0, "the learned limit is back in the store: {limit}");
