@@ -385,7 +385,7 @@ impl Exchange {
     /// The answer's body ended (completed, or incomplete): settles the
     /// slot's tokens with the usage and reports the request.
     pub fn ended(&mut self, end: End) {
-        let used = end.usage.input.unwrap_or(0) + end.usage.output.unwrap_or(0);
+        let used = end.usage.total();
         if let Some(mut permit) = self.permit.take() {
             permit.settle(used);
         }
@@ -421,7 +421,7 @@ impl Exchange {
         }
         self.done = true;
         if let Some(mut pass) = self.pass.take() {
-            pass.settle(self.report.usage.input.unwrap_or(0) + self.report.usage.output.unwrap_or(0));
+            pass.settle(self.report.usage.total());
         }
         self.permit = None;
         self.job = None;

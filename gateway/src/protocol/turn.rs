@@ -340,21 +340,6 @@ impl From<crate::record::Usage> for Tokens {
     }
 }
 
-impl Tokens {
-    /// Takes in a later count (a stream's [`Delta::Tokens`]): field by
-    /// field, a count it has replaces the one held, a zero leaves it.
-    pub fn merge(&mut self, newer: Tokens) {
-        let take = |new: u64, old: u64| if new > 0 { new } else { old };
-        *self = Tokens {
-            input: take(newer.input, self.input),
-            output: take(newer.output, self.output),
-            cached: take(newer.cached, self.cached),
-            cache_written: take(newer.cache_written, self.cache_written),
-            reasoning: take(newer.reasoning, self.reasoning),
-        };
-    }
-}
-
 /// Streamed tool calls reassembled: the writers of protocols that say a
 /// call in one piece (Anthropic's one open block at a time, Responses
 /// items) collect the deltas here, in whatever order a chat provider
